@@ -1,0 +1,58 @@
+"""Shared test configuration: strict numerics, hypothesis profiles, marker skipping."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# Parity tests are strict: no TF32, deterministic kernels where torch has them.
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.use_deterministic_algorithms(True, warn_only=True)
+
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, print_blob=True, max_examples=25,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, max_examples=50, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+#: The shared data folder (small COCO subsets); tests that need it skip when it is absent.
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+#: Tolerances in one place (GPU kernels differ from CPU ones in the last bits).
+TOL = {"cpu": dict(rtol=1e-5, atol=1e-6), "cuda": dict(rtol=1e-4, atol=1e-4)}
+
+
+def _has_reference() -> bool:
+    return importlib.util.find_spec("ultralytics") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU (marker 'cuda')")
+    skip_ref = pytest.mark.skip(reason="the reference package (ultralytics) is not importable (marker 'parity')")
+    has_cuda, has_ref = torch.cuda.is_available(), _has_reference()
+    for item in items:
+        if "cuda" in item.keywords and not has_cuda:
+            item.add_marker(skip_cuda)
+        if "parity" in item.keywords and not has_ref:
+            item.add_marker(skip_ref)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A seeded CPU generator (init draws from the CPU so seeds are device independent)."""
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data``; skips the test when the folder is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared test data not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,54 @@
+"""Anchor points and strides over the detection levels (REFERENCE.md §1.5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from yolo_func._types import Anchors
+
+__all__ = ["make_anchors", "anchors_for_feats"]
+
+
+def make_anchors(
+    sizes: Sequence[tuple[int, int]],
+    strides: Sequence[int],
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    offset: float = 0.5,
+) -> Anchors:
+    """Anchor points at cell centres, level-major then row-major (y outer, x inner).
+
+    Args:
+      sizes: ``[(H_l, W_l), ...]`` feature sizes per level (Python ints: no host sync).
+      strides: stride in pixels per level, e.g. ``(8, 16, 32)``.
+      device, dtype: placement of the outputs.
+      offset: cell-centre offset (0.5).
+
+    Returns:
+      ``Anchors(points float[A, 2] grid units, strides float[A, 1])`` with ``A = sum(H_l * W_l)``.
+
+    Raises:
+      ValueError: ``sizes`` and ``strides`` differ in length, or a size is not positive.
+    """
+    if len(sizes) != len(strides):
+        raise ValueError(f"[yolo_func] make_anchors: {len(sizes)} sizes but {len(strides)} strides")
+    points, stride_list = [], []
+    for (h, w), s in zip(sizes, strides):
+        if h <= 0 or w <= 0:
+            raise ValueError(f"[yolo_func] make_anchors: level size must be positive, got {(h, w)}")
+        sx = torch.arange(w, device=device, dtype=dtype) + offset
+        sy = torch.arange(h, device=device, dtype=dtype) + offset
+        gy, gx = torch.meshgrid(sy, sx, indexing="ij")
+        points.append(torch.stack((gx, gy), -1).view(-1, 2))
+        stride_list.append(torch.full((h * w, 1), float(s), device=device, dtype=dtype))
+    return Anchors(torch.cat(points), torch.cat(stride_list))
+
+
+def anchors_for_feats(feats: Sequence[torch.Tensor], strides: Sequence[int]) -> Anchors:
+    """:func:`make_anchors` for a sequence of ``float[B, C, H_l, W_l]`` feature maps (their device
+    and dtype)."""
+    sizes = [(int(f.shape[-2]), int(f.shape[-1])) for f in feats]
+    return make_anchors(sizes, strides, device=feats[0].device, dtype=feats[0].dtype)

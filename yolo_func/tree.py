@@ -1,0 +1,259 @@
+"""Pytree utilities: the only module in yolo_func that calls optree.
+
+A pytree here is a nested plain ``dict[str, ...]`` (sorted keys, as optree orders them), tuples,
+lists and NamedTuples, with ``torch.Tensor`` leaves. ``None`` is structure, not a leaf (optree's
+default), so trees with optional fields still line up. Paths are ``"/"``-joined key paths such as
+``"network/backbone/stem/conv/weight"``; they are what error messages and regexes see.
+
+Everything except :func:`tree_copy_` is pure. :func:`tree_copy_` is the one sanctioned in-place
+helper: it writes into static buffers (CUDA-graph capture, in-place optimizer updates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import optree
+import torch
+
+__all__ = [
+    "NAMESPACE",
+    "tree_map",
+    "tree_leaves",
+    "tree_structure",
+    "tree_flatten",
+    "tree_unflatten",
+    "tree_paths",
+    "tree_items",
+    "tree_flat_dict",
+    "tree_from_flat_dict",
+    "tree_get",
+    "tree_add",
+    "tree_sub",
+    "tree_scale",
+    "tree_zeros_like",
+    "tree_ravel",
+    "tree_count",
+    "tree_cast",
+    "tree_to",
+    "tree_static_like",
+    "tree_copy_",
+    "tree_clone",
+    "tree_diff",
+]
+
+#: optree namespace for any registered node types of this package.
+NAMESPACE = "yolo_func"
+
+PyTree = Any
+
+
+def _path_str(path: tuple) -> str:
+    return "/".join(str(p) for p in path)
+
+
+def tree_map(fn: Callable[..., Any], tree: PyTree, *rest: PyTree) -> PyTree:
+    """Apply ``fn`` leaf-wise over one or more trees of identical structure."""
+    return optree.tree_map(fn, tree, *rest, namespace=NAMESPACE)
+
+
+def tree_leaves(tree: PyTree) -> list[Any]:
+    """Leaves in optree order (dict keys sorted)."""
+    return optree.tree_leaves(tree, namespace=NAMESPACE)
+
+
+def tree_structure(tree: PyTree) -> optree.PyTreeSpec:
+    """The treedef of ``tree``."""
+    return optree.tree_structure(tree, namespace=NAMESPACE)
+
+
+def tree_flatten(tree: PyTree) -> tuple[list[Any], optree.PyTreeSpec]:
+    """``(leaves, treedef)``."""
+    return optree.tree_flatten(tree, namespace=NAMESPACE)
+
+
+def tree_unflatten(treedef: optree.PyTreeSpec, leaves: Iterable[Any]) -> PyTree:
+    """Inverse of :func:`tree_flatten`."""
+    return optree.tree_unflatten(treedef, list(leaves))
+
+
+def tree_paths(tree: PyTree) -> list[str]:
+    """``"/"``-joined paths of every leaf, in leaf order."""
+    paths, _, _ = optree.tree_flatten_with_path(tree, namespace=NAMESPACE)
+    return [_path_str(p) for p in paths]
+
+
+def tree_items(tree: PyTree) -> list[tuple[str, Any]]:
+    """``[(path, leaf), ...]`` in leaf order."""
+    paths, leaves, _ = optree.tree_flatten_with_path(tree, namespace=NAMESPACE)
+    return [(_path_str(p), leaf) for p, leaf in zip(paths, leaves)]
+
+
+def tree_flat_dict(tree: PyTree) -> dict[str, Any]:
+    """``{path: leaf}`` for every leaf."""
+    return dict(tree_items(tree))
+
+
+def tree_from_flat_dict(flat: Mapping[str, Any]) -> dict:
+    """Rebuild a nested plain-dict tree from ``{"a/b/c": leaf}`` (inverse of :func:`tree_flat_dict`
+    for dict-only trees).
+
+    Raises:
+      ValueError: a path is both a leaf and a prefix of another path.
+    """
+    out: dict = {}
+    for path, leaf in flat.items():
+        keys = path.split("/")
+        node = out
+        for k in keys[:-1]:
+            nxt = node.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise ValueError(f"[yolo_func] path {path!r} runs through leaf {k!r}")
+            node = nxt
+        if keys[-1] in node:
+            raise ValueError(f"[yolo_func] path {path!r} is both a leaf and a subtree")
+        node[keys[-1]] = leaf
+    return out
+
+
+def tree_get(tree: PyTree, path: str) -> Any:
+    """The subtree or leaf of a dict tree at ``"a/b/c"``.
+
+    Raises:
+      KeyError: naming the first missing key and the keys available there.
+    """
+    node = tree
+    for k in path.split("/") if path else []:
+        if not isinstance(node, Mapping) or k not in node:
+            have = sorted(node) if isinstance(node, Mapping) else type(node).__name__
+            raise KeyError(f"[yolo_func] no {k!r} on the way to {path!r}; have {have}")
+        node = node[k]
+    return node
+
+
+def tree_add(a: PyTree, b: PyTree) -> PyTree:
+    """Leaf-wise ``a + b``."""
+    return tree_map(torch.add, a, b)
+
+
+def tree_sub(a: PyTree, b: PyTree) -> PyTree:
+    """Leaf-wise ``a - b``."""
+    return tree_map(torch.sub, a, b)
+
+
+def tree_scale(tree: PyTree, scale: float | torch.Tensor) -> PyTree:
+    """Leaf-wise ``leaf * scale``."""
+    return tree_map(lambda x: x * scale, tree)
+
+
+def tree_zeros_like(tree: PyTree) -> PyTree:
+    """Zeros shaped, typed and placed like every leaf."""
+    return tree_map(torch.zeros_like, tree)
+
+
+def tree_ravel(tree: PyTree) -> tuple[torch.Tensor, Callable[[torch.Tensor], PyTree]]:
+    """Concatenate all leaves into one flat vector; return it and the function that undoes it.
+
+    Leaves must share a dtype and device. Returns ``(flat float[N], unravel)`` where
+    ``unravel(flat)`` rebuilds the tree (views into ``flat``, reshaped).
+    """
+    leaves, treedef = tree_flatten(tree)
+    if not leaves:
+        return torch.zeros(0), lambda flat: tree_unflatten(treedef, [])
+    dtypes = {x.dtype for x in leaves}
+    if len(dtypes) > 1:
+        raise TypeError(f"[yolo_func] tree_ravel needs one dtype; got {sorted(map(str, dtypes))}")
+    shapes = [x.shape for x in leaves]
+    sizes = [x.numel() for x in leaves]
+    flat = torch.cat([x.reshape(-1) for x in leaves])
+
+    def unravel(vec: torch.Tensor) -> PyTree:
+        if vec.numel() != sum(sizes):
+            raise ValueError(f"[yolo_func] unravel expected {sum(sizes)} elements, got {vec.numel()}")
+        parts = torch.split(vec, sizes)
+        return tree_unflatten(treedef, [p.reshape(s) for p, s in zip(parts, shapes)])
+
+    return flat, unravel
+
+
+def tree_count(tree: PyTree) -> int:
+    """Total number of elements over all tensor leaves."""
+    return sum(int(x.numel()) for x in tree_leaves(tree))
+
+
+def tree_cast(tree: PyTree, dtype: torch.dtype) -> PyTree:
+    """Cast floating-point leaves to ``dtype``; integer and bool leaves are left alone."""
+    return tree_map(lambda x: x.to(dtype) if x.is_floating_point() else x, tree)
+
+
+def tree_to(
+    tree: PyTree,
+    device: torch.device | str | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    channels_last: bool = False,
+) -> PyTree:
+    """Move every leaf to ``device`` (and cast floating leaves to ``dtype`` when given).
+
+    With ``channels_last=True`` 4-D leaves (conv kernels) are laid out NHWC in memory.
+    """
+
+    def move(x: torch.Tensor) -> torch.Tensor:
+        y = x.to(device=device, dtype=dtype if (dtype is not None and x.is_floating_point()) else None)
+        if channels_last and y.dim() == 4:
+            y = y.contiguous(memory_format=torch.channels_last)
+        return y
+
+    return tree_map(move, tree)
+
+
+def tree_static_like(tree: PyTree) -> PyTree:
+    """Fresh buffers with each leaf's shape, dtype, device and memory layout, holding a copy of it.
+
+    These are the static buffers a CUDA graph reads and writes; update them with :func:`tree_copy_`.
+    """
+    return tree_map(lambda x: x.detach().clone(memory_format=torch.preserve_format), tree)
+
+
+def tree_clone(tree: PyTree) -> PyTree:
+    """Detached copies of every leaf (same layout)."""
+    return tree_map(lambda x: x.detach().clone(memory_format=torch.preserve_format), tree)
+
+
+def tree_copy_(dst: PyTree, src: PyTree) -> PyTree:
+    """Copy ``src`` into ``dst`` in place, leaf by leaf, with one fused multi-tensor copy.
+
+    The one sanctioned in-place tree operation. Structures must match.
+
+    Raises:
+      ValueError: the structures differ (message lists the differing paths).
+    """
+    d_leaves, d_def = tree_flatten(dst)
+    s_leaves, s_def = tree_flatten(src)
+    if d_def != s_def:
+        raise ValueError("[yolo_func] tree_copy_: structures differ\n" + tree_diff(dst, src))
+    if d_leaves:
+        torch._foreach_copy_(d_leaves, s_leaves)
+    return dst
+
+
+def tree_diff(a: PyTree, b: PyTree, *, names: tuple[str, str] = ("a", "b")) -> str:
+    """Human-readable difference of two trees' paths and leaf shapes.
+
+    Lines start with `` - `` (only in ``a``), `` + `` (only in ``b``) or `` ~ `` (shape differs).
+    Empty string if paths and shapes agree.
+    """
+    fa = tree_flat_dict(a)
+    fb = tree_flat_dict(b)
+    lines = []
+    for p in sorted(set(fa) - set(fb)):
+        lines.append(f" - {p} (only in {names[0]})")
+    for p in sorted(set(fb) - set(fa)):
+        lines.append(f" + {p} (only in {names[1]})")
+    for p in sorted(set(fa) & set(fb)):
+        sa = tuple(getattr(fa[p], "shape", ()))
+        sb = tuple(getattr(fb[p], "shape", ()))
+        if sa != sb:
+            lines.append(f" ~ {p}: {names[0]} {list(sa)} != {names[1]} {list(sb)}")
+    return "\n".join(lines)
