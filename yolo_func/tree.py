@@ -232,7 +232,7 @@ def tree_copy_(dst: PyTree, src: PyTree) -> PyTree:
     d_leaves, d_def = tree_flatten(dst)
     s_leaves, s_def = tree_flatten(src)
     if d_def != s_def:
-        raise ValueError("[yolo_func] tree_copy_: structures differ\n" + tree_diff(dst, src))
+        raise ValueError("[yolo_func] tree_copy_: structures differ\n" + tree_diff(dst, src, names=("dst", "src")))
     if d_leaves:
         torch._foreach_copy_(d_leaves, s_leaves)
     return dst

@@ -56,7 +56,7 @@ def branch(c_in: int, c_mid: int, c_out: int) -> Layer:
         x, new["conv1"] = layers["conv1"].apply(params["conv1"], state["conv1"], x, train=train)
         x, new["conv2"] = layers["conv2"].apply(params["conv2"], state["conv2"], x, train=train)
         x, _ = layers["pred"].apply(params["pred"], {}, x, train=train)
-        return x, new
+        return x, (new if train else state)
 
     return Layer(init, apply)
 
@@ -79,7 +79,7 @@ def multi_level(channels: Sequence[int], c_mid: int, c_out: int) -> Layer:
         for (name, b), x in zip(branches.items(), feats):
             y, new[name] = b.apply(params[name], state[name], x, train=train)
             outs.append(y)
-        return tuple(outs), new
+        return tuple(outs), (new if train else state)
 
     return Layer(init, apply)
 

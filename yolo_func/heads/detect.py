@@ -86,7 +86,7 @@ def detect_head(
         box_maps, box_s = box.apply(params["box"], state["box"], feats, train=train)
         cls_maps, cls_s = cls.apply(params["cls"], state["cls"], feats, train=train)
         preds = DetectPreds(flatten_levels(box_maps), flatten_levels(cls_maps))
-        return preds, {"box": box_s, "cls": cls_s}
+        return preds, ({"box": box_s, "cls": cls_s} if train else state)
 
     def decode(preds: DetectPreds, anchors: Anchors) -> torch.Tensor:
         return decode_detect(preds, anchors, reg_max=reg_max)

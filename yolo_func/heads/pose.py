@@ -59,7 +59,7 @@ def pose_head(*, channels: Sequence[int], kpt_shape: tuple[int, int] = (17, 3), 
 
     def apply(params, state, feats: Feats, *, train: bool):
         maps, s = kpt.apply(params["kpt"], state["kpt"], feats, train=train)
-        return PosePreds(flatten_levels(maps)), {"kpt": s}
+        return PosePreds(flatten_levels(maps)), ({"kpt": s} if train else state)
 
     def decode(preds: PosePreds, anchors: Anchors) -> torch.Tensor:
         return decode_keypoints(preds.keypoints, anchors, kpt_shape)

@@ -45,7 +45,7 @@ def proto(c_in: int, c_mid: int, num_masks: int) -> Layer:
         x, _ = layers["upsample"].apply(params["upsample"], {}, x, train=train)
         x, new["cv2"] = layers["cv2"].apply(params["cv2"], state["cv2"], x, train=train)
         x, new["cv3"] = layers["cv3"].apply(params["cv3"], state["cv3"], x, train=train)
-        return x, new
+        return x, (new if train else state)
 
     return Layer(init, apply)
 
@@ -80,7 +80,7 @@ def segment_head(
     def apply(params, state, feats: Feats, *, train: bool):
         p, proto_s = protos.apply(params["proto"], state["proto"], feats[0], train=train)
         maps, coeff_s = coeff.apply(params["coeff"], state["coeff"], feats, train=train)
-        return SegmentPreds(flatten_levels(maps), p), {"proto": proto_s, "coeff": coeff_s}
+        return SegmentPreds(flatten_levels(maps), p), ({"proto": proto_s, "coeff": coeff_s} if train else state)
 
     def decode(preds: SegmentPreds, anchors: Anchors):
         del anchors

@@ -57,6 +57,6 @@ def backbone(scale: Scale) -> Layer:
                 x, new[name][sub] = layers[name][sub].apply(params[name][sub], state[name][sub], x, train=train)
             outs.append(x)
         x, new["sppf"] = layers["sppf"].apply(params["sppf"], state["sppf"], x, train=train)
-        return (outs[1], outs[2], x), new
+        return (outs[1], outs[2], x), (new if train else state)
 
     return Layer(init, apply)

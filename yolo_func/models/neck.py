@@ -59,6 +59,6 @@ def neck(scale: Scale) -> Layer:
         p4 = run("p4_out", "c2f", params, state, new, torch.cat((d, p4_td), 1), train)
         d = run("p5_out", "down", params, state, new, p4, train)
         p5 = run("p5_out", "c2f", params, state, new, torch.cat((d, c5), 1), train)
-        return Feats(p3, p4, p5), new
+        return Feats(p3, p4, p5), (new if train else state)
 
     return Layer(init, apply)

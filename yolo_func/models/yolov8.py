@@ -75,7 +75,7 @@ def network(scale: str | Scale) -> Layer:
     def apply(params, state, images, *, train: bool) -> tuple[Feats, dict]:
         c, bs = bb.apply(params["backbone"], state["backbone"], images, train=train)
         feats, ns = nk.apply(params["neck"], state["neck"], c, train=train)
-        return feats, {"backbone": bs, "neck": ns}
+        return feats, ({"backbone": bs, "neck": ns} if train else state)
 
     return Layer(init, apply)
 
@@ -150,7 +150,7 @@ class Model:
         preds, head_s = {}, {}
         for name, head in self.heads.items():
             preds[name], head_s[name] = head.apply(params["heads"][name], state["heads"][name], feats, train=train)
-        return preds, {"network": net_s, "heads": head_s}
+        return preds, ({"network": net_s, "heads": head_s} if train else state)
 
     def anchors(self, feats: Feats) -> Anchors:
         """Anchor points and strides for these feature maps."""

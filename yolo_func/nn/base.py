@@ -39,8 +39,8 @@ class Layer(NamedTuple):
 def abstract_init() -> Iterator[None]:
     """Within this context initialisers allocate on the ``meta`` device: shapes without memory.
 
-    Used to validate parameter trees against a model's expected shapes cheaply. The generator is
-    still advanced exactly as a real init would.
+    Used to validate parameter trees against a model's expected shapes cheaply. Meta tensors draw
+    nothing, so the generator is not advanced: never mix abstract and real draws from one generator.
     """
     token = _ABSTRACT.set(True)
     try:

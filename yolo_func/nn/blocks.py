@@ -28,7 +28,7 @@ def bottleneck(c: int, *, shortcut: bool) -> Layer:
     def apply(params, state, x, *, train: bool):
         y, s1 = cv1.apply(params["cv1"], state["cv1"], x, train=train)
         y, s2 = cv2.apply(params["cv2"], state["cv2"], y, train=train)
-        return (x + y if shortcut else y), {"cv1": s1, "cv2": s2}
+        return (x + y if shortcut else y), ({"cv1": s1, "cv2": s2} if train else state)
 
     return Layer(init, apply)
 
@@ -63,7 +63,7 @@ def c2f(c_in: int, c_out: int, n: int, *, shortcut: bool) -> Layer:
             b, new_state[f"m{j}"] = m.apply(params[f"m{j}"], state[f"m{j}"], b, train=train)
             outs.append(b)
         y, new_state["cv2"] = cv2.apply(params["cv2"], state["cv2"], torch.cat(outs, 1), train=train)
-        return y, new_state
+        return y, (new_state if train else state)
 
     return Layer(init, apply)
 
@@ -89,7 +89,7 @@ def sppf(c_in: int, c_out: int, k: int = 5) -> Layer:
         for _ in range(3):
             ys.append(F.max_pool2d(ys[-1], k, 1, k // 2))
         y, s2 = cv2.apply(params["cv2"], state["cv2"], torch.cat(ys, 1), train=train)
-        return y, {"cv1": s1, "cv2": s2}
+        return y, ({"cv1": s1, "cv2": s2} if train else state)
 
     return Layer(init, apply)
 

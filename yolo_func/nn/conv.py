@@ -50,7 +50,7 @@ def conv_bn_act(
     def apply(params, state, x, *, train: bool):
         y = F.conv2d(x, params["conv"]["weight"], None, s, k // 2)
         y, bn_state = batchnorm_apply(params["bn"], state["bn"], y, train=train, eps=eps, momentum=momentum)
-        return F.silu(y), {"bn": bn_state}
+        return F.silu(y), ({"bn": bn_state} if train else state)
 
     return Layer(init, apply)
 

@@ -1,0 +1,113 @@
+"""Tree utilities: structure, paths, arithmetic, ravel, static buffers and the one in-place copy."""
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given
+
+from yolo_func import tree as T
+
+
+def _tree(gen: torch.Generator):
+    return {
+        "b": {"weight": torch.randn(3, 2, generator=gen), "bias": torch.randn(3, generator=gen)},
+        "a": (torch.randn(4, generator=gen), {"z": torch.randn(1, 1, 2, 2, generator=gen)}),
+    }
+
+
+@st.composite
+def trees(draw):
+    seed = draw(st.integers(0, 2**31 - 1))
+    n = draw(st.integers(1, 5))
+    g = torch.Generator().manual_seed(seed)
+    shapes = [tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=3))) for _ in range(n)]
+    return {f"k{i}": {"leaf": torch.randn(s, generator=g)} for i, s in enumerate(shapes)}
+
+
+def test_paths_are_slash_joined_and_sorted(gen):
+    paths = T.tree_paths(_tree(gen))
+    # optree sorts dict keys; tuples keep their order and show indices
+    assert paths == ["a/0", "a/1/z", "b/bias", "b/weight"]
+
+
+@given(trees())
+def test_flat_dict_round_trip(t):
+    flat = T.tree_flat_dict(t)
+    back = T.tree_from_flat_dict(flat)
+    assert T.tree_structure(back) == T.tree_structure(t)
+    assert all(torch.equal(x, y) for x, y in zip(T.tree_leaves(back), T.tree_leaves(t)))
+
+
+@given(trees())
+def test_ravel_round_trip_and_count(t):
+    flat, unravel = T.tree_ravel(t)
+    assert flat.shape == (T.tree_count(t),)
+    back = unravel(flat)
+    assert all(torch.equal(x, y) for x, y in zip(T.tree_leaves(back), T.tree_leaves(t)))
+
+
+@given(trees(), st.floats(-3, 3, allow_nan=False))
+def test_arithmetic(t, s):
+    doubled = T.tree_add(t, t)
+    assert all(torch.equal(d, x + x) for d, x in zip(T.tree_leaves(doubled), T.tree_leaves(t)))
+    zero = T.tree_sub(t, t)
+    assert all(torch.count_nonzero(z) == 0 for z in T.tree_leaves(zero))
+    scaled = T.tree_scale(t, s)
+    assert all(torch.equal(y, x * s) for y, x in zip(T.tree_leaves(scaled), T.tree_leaves(t)))
+    assert T.tree_structure(T.tree_zeros_like(t)) == T.tree_structure(t)
+
+
+def test_copy_in_place_writes_into_the_same_storage(gen):
+    src, dst = _tree(gen), T.tree_zeros_like(_tree(gen))
+    ptrs = [x.data_ptr() for x in T.tree_leaves(dst)]
+    T.tree_copy_(dst, src)
+    assert [x.data_ptr() for x in T.tree_leaves(dst)] == ptrs
+    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(dst), T.tree_leaves(src)))
+
+
+def test_copy_rejects_other_structures_with_a_diff(gen):
+    src = _tree(gen)
+    dst = T.tree_zeros_like(src)
+    del dst["b"]["bias"]
+    with pytest.raises(ValueError, match=r"\+ b/bias \(only in src\)"):
+        T.tree_copy_(dst, src)
+
+
+def test_static_like_is_a_fresh_copy_with_the_same_layout(gen):
+    t = {"w": torch.randn(2, 3, 4, 5, generator=gen).contiguous(memory_format=torch.channels_last)}
+    s = T.tree_static_like(t)
+    assert s["w"].data_ptr() != t["w"].data_ptr() and torch.equal(s["w"], t["w"])
+    assert s["w"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_to_channels_last_only_touches_4d(gen):
+    t = T.tree_to(_tree(gen), "cpu", channels_last=True)
+    assert t["a"][1]["z"].is_contiguous(memory_format=torch.channels_last)
+    assert t["b"]["weight"].is_contiguous()
+
+
+def test_cast_leaves_integers_alone():
+    t = T.tree_cast({"f": torch.zeros(2), "i": torch.zeros(2, dtype=torch.int64)}, torch.float16)
+    assert t["f"].dtype == torch.float16 and t["i"].dtype == torch.int64
+
+
+def test_diff_lists_missing_extra_and_reshaped():
+    a = {"x": torch.zeros(2), "y": torch.zeros(3)}
+    b = {"x": torch.zeros(4), "z": torch.zeros(1)}
+    d = T.tree_diff(a, b)
+    assert " - y (only in a)" in d and " + z (only in b)" in d and " ~ x: a [2] != b [4]" in d
+    assert T.tree_diff(a, a) == ""
+
+
+def test_get_names_the_missing_key(gen):
+    t = _tree(gen)
+    assert T.tree_get(t, "b/bias") is t["b"]["bias"]
+    with pytest.raises(KeyError, match="no 'nope'"):
+        T.tree_get(t, "b/nope")
+
+
+def test_from_flat_dict_rejects_leaf_prefix_clash():
+    with pytest.raises(ValueError, match="runs through leaf"):
+        T.tree_from_flat_dict({"a/b": 1, "a/b/c": 2})
+    with pytest.raises(ValueError, match="both a leaf"):
+        T.tree_from_flat_dict({"a/b/c": 2, "a/b": 1})
