@@ -30,6 +30,13 @@ def test_paths_are_slash_joined_and_sorted(gen):
     assert paths == ["a/0", "a/1/z", "b/bias", "b/weight"]
 
 
+def test_named_tuple_fields_are_named_in_paths():
+    from yolo_func._types import Anchors
+
+    t = {"anchors": Anchors(torch.zeros(2, 2), torch.ones(2, 1)), "seq": [torch.zeros(1)]}
+    assert T.tree_paths(t) == ["anchors/points", "anchors/strides", "seq/0"]
+
+
 @given(trees())
 def test_flat_dict_round_trip(t):
     flat = T.tree_flat_dict(t)

@@ -49,8 +49,9 @@ NAMESPACE = "yolo_func"
 PyTree = Any
 
 
-def _path_str(path: tuple) -> str:
-    return "/".join(str(p) for p in path)
+def _accessor_str(accessor) -> str:
+    # NamedTuple (and dataclass) entries are named by field, dict entries by key, sequences by index.
+    return "/".join(str(getattr(e, "field", None) or e.entry) for e in accessor)
 
 
 def tree_map(fn: Callable[..., Any], tree: PyTree, *rest: PyTree) -> PyTree:
@@ -79,15 +80,14 @@ def tree_unflatten(treedef: optree.PyTreeSpec, leaves: Iterable[Any]) -> PyTree:
 
 
 def tree_paths(tree: PyTree) -> list[str]:
-    """``"/"``-joined paths of every leaf, in leaf order."""
-    paths, _, _ = optree.tree_flatten_with_path(tree, namespace=NAMESPACE)
-    return [_path_str(p) for p in paths]
+    """``"/"``-joined paths of every leaf, in leaf order (NamedTuple fields by name, dict entries by
+    key, sequence entries by index)."""
+    return [_accessor_str(a) for a in optree.tree_accessors(tree, namespace=NAMESPACE)]
 
 
 def tree_items(tree: PyTree) -> list[tuple[str, Any]]:
     """``[(path, leaf), ...]`` in leaf order."""
-    paths, leaves, _ = optree.tree_flatten_with_path(tree, namespace=NAMESPACE)
-    return [(_path_str(p), leaf) for p, leaf in zip(paths, leaves)]
+    return list(zip(tree_paths(tree), tree_leaves(tree)))
 
 
 def tree_flat_dict(tree: PyTree) -> dict[str, Any]:
