@@ -1,0 +1,83 @@
+"""Checkpoints: exact round trip, atomic writes, safe loading, clear mismatch errors."""
+
+import os
+import pickle
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from yolo_func import tree as T
+from yolo_func import yolov8
+from yolo_func.io.checkpoint import FORMAT, load_checkpoint, read_checkpoint, save_checkpoint
+
+
+class Box(NamedTuple):
+    params: dict
+    count: torch.Tensor
+
+
+def _state(scale="n", task="detect"):
+    model = yolov8(scale, task=task)
+    params, state = model.init(torch.Generator().manual_seed(0))
+    return Box({"params": params, "state": state}, torch.tensor(7))
+
+
+def test_round_trip_is_exact(tmp_path):
+    ts = _state()
+    path = save_checkpoint(tmp_path / "ck.pt", ts, config={"scale": "n", "task": "detect"}, meta={"epoch": 3})
+    template = T.tree_zeros_like(ts)
+    loaded, config, meta = load_checkpoint(path, template)
+    assert config == {"scale": "n", "task": "detect"} and meta == {"epoch": 3}
+    assert T.tree_structure(loaded) == T.tree_structure(ts)
+    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(loaded), T.tree_leaves(ts)))
+    assert loaded.count.dtype == torch.int64
+
+
+def test_loaded_leaves_take_the_template_layout(tmp_path):
+    ts = {"w": torch.randn(2, 3, 4, 5)}
+    path = save_checkpoint(tmp_path / "ck.pt", ts)
+    template = {"w": torch.zeros(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)}
+    loaded, _, _ = load_checkpoint(path, template)
+    assert loaded["w"].is_contiguous(memory_format=torch.channels_last) and torch.equal(loaded["w"], ts["w"])
+
+
+def test_another_scale_names_the_mismatching_paths(tmp_path):
+    path = save_checkpoint(tmp_path / "s.pt", _state("s"), config={"scale": "s"})
+    with pytest.raises(ValueError, match=r"(?s)~ params/params/heads/detect/box/p3/conv1/conv/weight: checkpoint \[64, 128, 3, 3\] != template \[64, 64, 3, 3\].*and \d+ more"):
+        load_checkpoint(path, _state("n"))
+    path = save_checkpoint(tmp_path / "seg.pt", _state("n", "segment"))
+    with pytest.raises(ValueError, match=r"\+ params/params/heads/segment/proto/cv1/conv/weight \(in the checkpoint, not in the template\)"):
+        load_checkpoint(path, _state("n"))
+
+
+def test_write_is_atomic_when_interrupted(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "ck.pt", {"a": torch.ones(3)})
+    before = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, {"a": torch.zeros(3)})
+    assert path.read_bytes() == before  # the old checkpoint survives intact
+    assert os.listdir(tmp_path) == ["ck.pt"]  # and no temporary file is left behind
+
+
+def test_refuses_foreign_files_and_code(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        read_checkpoint(tmp_path / "missing.pt")
+    torch.save({"weights": torch.ones(1)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=f"not a {FORMAT} checkpoint"):
+        read_checkpoint(tmp_path / "other.pt")
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+
+    with open(tmp_path / "evil.pt", "wb") as f:
+        pickle.dump({"format": FORMAT, "tensors": {}, "x": Evil()}, f)
+    with pytest.raises(Exception):
+        read_checkpoint(tmp_path / "evil.pt")
+    assert not (tmp_path / "pwned").exists()
