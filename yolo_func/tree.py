@@ -41,6 +41,7 @@ __all__ = [
     "tree_copy_",
     "tree_clone",
     "tree_diff",
+    "tree_where",
 ]
 
 #: optree namespace for any registered node types of this package.
@@ -214,6 +215,13 @@ def tree_static_like(tree: PyTree) -> PyTree:
     These are the static buffers a CUDA graph reads and writes; update them with :func:`tree_copy_`.
     """
     return tree_map(lambda x: x.detach().clone(memory_format=torch.preserve_format), tree)
+
+
+def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree) -> PyTree:
+    """Leaf-wise ``torch.where(flag, new, old)`` with a device ``bool[]`` flag: choose a whole tree
+    on the device without a host sync (e.g. skip a non-finite step). NaN in the unchosen tree does
+    not leak through."""
+    return tree_map(lambda n, o: torch.where(flag, n, o), new, old)
 
 
 def tree_clone(tree: PyTree) -> PyTree:

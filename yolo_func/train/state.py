@@ -1,0 +1,47 @@
+"""The training state: everything a step reads and writes, as one pytree."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from yolo_func import tree as T
+
+__all__ = ["TrainState", "Batch"]
+
+
+class TrainState(NamedTuple):
+    """Params, BN statistics, optimizer state, EMA state and the iteration counter.
+
+    Attributes:
+      params: ``{"network": ..., "heads": {name: ...}}``.
+      state: BN statistics, same shape as ``params`` minus the non-BN leaves.
+      opt_state: the optimizer's state (NamedTuples of trees; see :mod:`yolo_func.optim`).
+      ema: the EMA transform's state (averaged params and BN statistics), or ``None``.
+      step: int64[] on the device: micro-batches seen (the reference's global iteration ``ni``).
+      skipped: int64[] on the device: steps skipped because the loss or gradients were not finite.
+    """
+
+    params: dict
+    state: dict
+    opt_state: Any
+    ema: Any
+    step: torch.Tensor
+    skipped: torch.Tensor
+
+    def to(self, device: torch.device | str, *, channels_last: bool = False) -> "TrainState":
+        """Move every leaf (4-D leaves to channels_last when asked)."""
+        return T.tree_to(self, device, channels_last=channels_last)
+
+
+class Batch(NamedTuple):
+    """One training batch with static shapes.
+
+    Attributes:
+      images: float[B, 3, H, W] in [0, 1] (uint8 / 255), H and W multiples of 32.
+      targets: :class:`yolo_func.Targets` padded to a bucketed ``M``.
+    """
+
+    images: torch.Tensor
+    targets: Any
