@@ -1,1 +1,43 @@
-"""io"""
+"""Reading and writing weights: the reference (Ultralytics YOLOv8) state-dict layout and safe
+reading of its checkpoint files (:mod:`yolo_func.io.ultralytics`); our own atomic pytree
+checkpoints (:mod:`yolo_func.io.checkpoint`)."""
+
+from yolo_func.io.checkpoint import FORMAT, load_checkpoint, read_checkpoint, save_checkpoint
+
+from yolo_func.io.ultralytics import (
+    HEAD_LAYER,
+    NETWORK_LAYERS,
+    Loaded,
+    LoadReport,
+    PickledObject,
+    RefEntry,
+    from_reference,
+    load_reference_checkpoint,
+    load_reference_weights,
+    our_path,
+    reference_key,
+    reference_layout,
+    restricted_pickle,
+    to_reference,
+)
+
+__all__ = [
+    "FORMAT",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "HEAD_LAYER",
+    "NETWORK_LAYERS",
+    "Loaded",
+    "LoadReport",
+    "PickledObject",
+    "RefEntry",
+    "from_reference",
+    "load_reference_checkpoint",
+    "load_reference_weights",
+    "our_path",
+    "reference_key",
+    "reference_layout",
+    "restricted_pickle",
+    "to_reference",
+]
