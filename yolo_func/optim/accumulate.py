@@ -1,0 +1,153 @@
+"""Gradient accumulation (:func:`multi_steps`) with a device-side, time-varying accumulation count.
+
+The reference (REFERENCE.md §4.3, trap T12) sums the gradients of consecutive micro-batches in
+``.grad`` and steps the optimizer at iteration ``ni`` when ``ni - last_step >= accumulate``, where
+``accumulate`` ramps from 1 to ``nbs/batch`` during warmup. :func:`multi_steps` does the same as a
+pure transform: every call adds the micro-batch gradient into its own buffers, runs the inner
+transform on the sum, and keeps its result only when the call steps, selected on the device (no
+host branch), so the whole thing can sit inside a captured training step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Union
+
+import torch
+
+from yolo_func import tree as T
+from yolo_func.optim.base import GradientTransformation, Updates, _select, _zero_count
+
+__all__ = ["MultiStepsState", "multi_steps", "scaled_weight_decay", "nominal_accumulate"]
+
+Every = Union[int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+
+
+class MultiStepsState(NamedTuple):
+    """State of :func:`multi_steps`.
+
+    Attributes:
+      count: int64[] micro-steps seen so far (the reference's global iteration ``ni`` of the next
+        call).
+      last_step: int64[] ``ni`` of the last optimizer step (-1 before the first).
+      stepped: bool[] whether the latest call stepped (for the EMA and metrics).
+      acc_grads: summed gradients since the last step (own buffers, same tree as params).
+      inner_state: the wrapped transform's state (advances only on stepping calls).
+    """
+
+    count: torch.Tensor
+    last_step: torch.Tensor
+    stepped: torch.Tensor
+    acc_grads: Any
+    inner_state: Any
+
+
+def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformation:
+    """Accumulate (sum) gradients and apply ``tx`` once every ``every`` micro-steps.
+
+    At call ``ni`` (0-based): ``acc += grads``; ``stepped = ni - last_step >= every(ni)``; when
+    stepped, ``updates = tx.update(acc, ...)`` and ``acc = 0``, ``last_step = ni``; otherwise the
+    updates are zeros and the inner state is unchanged. The inner transform always runs (static
+    shapes, no host branch) and its results are selected with the device flag. Schedules inside
+    ``tx`` receive ``iteration=ni``.
+
+    Args:
+      tx: the optimizer to wrap (e.g. ``chain(clip_by_global_norm(10.0), partition(...))``).
+      every: accumulation count: an int >= 1, an int tensor [], or a callable ``ni -> int64[]``
+        (e.g. :attr:`YoloSchedules.accumulate`).
+
+    Returns:
+      A :class:`GradientTransformation` with :class:`MultiStepsState`.
+
+    >>> import torch
+    >>> from yolo_func.optim import sgd
+    >>> tx = multi_steps(sgd(1.0), every=2)
+    >>> p = {"w": torch.zeros(1)}
+    >>> s = tx.init(p)
+    >>> u, s = tx.update({"w": torch.ones(1)}, s, p)
+    >>> u["w"].abs().item(), bool(s.stepped)
+    (0.0, False)
+    >>> u, s = tx.update({"w": torch.ones(1)}, s, p)
+    >>> u["w"].item(), bool(s.stepped)
+    (-2.0, True)
+    """
+    if not isinstance(tx, GradientTransformation):
+        raise TypeError(f"[yolo_func] multi_steps(tx) must be a GradientTransformation, got {type(tx).__name__}")
+    if isinstance(every, bool) or not (isinstance(every, (int, torch.Tensor)) or callable(every)):
+        raise TypeError(f"[yolo_func] multi_steps(every) must be an int, an int64[] tensor or a callable, got {type(every).__name__}")
+    if isinstance(every, int) and every < 1:
+        raise ValueError(f"[yolo_func] multi_steps(every) must be >= 1, got {every}")
+
+    def every_at(ni: torch.Tensor) -> torch.Tensor:
+        if callable(every) and not isinstance(every, torch.Tensor):
+            k = every(ni)
+        else:
+            k = every
+        if isinstance(k, torch.Tensor):
+            return k.to(ni.device)
+        # A fill kernel, not a host-to-device copy (copies are not allowed under graph capture).
+        return torch.full((), int(k), dtype=torch.int64, device=ni.device)
+
+    def init(params: Any) -> MultiStepsState:
+        count = _zero_count(params)
+        return MultiStepsState(
+            count=count,
+            last_step=count - 1,
+            stepped=torch.zeros((), dtype=torch.bool, device=count.device),
+            acc_grads=T.tree_zeros_like(params),
+            inner_state=tx.init(params),
+        )
+
+    def update(updates: Updates, state: MultiStepsState, params: Any = None, **extra) -> tuple[Updates, MultiStepsState]:
+        ni = state.count
+        g, treedef = T.tree_flatten(updates)
+        acc_old, acc_def = T.tree_flatten(state.acc_grads)
+        if acc_def != treedef:
+            raise ValueError(
+                "[yolo_func] multi_steps: gradients do not match the accumulation buffers:\n"
+                + T.tree_diff(state.acc_grads, updates, names=("state", "grads"))
+            )
+        # Fresh tensors: the caller's gradient buffers are never aliased or written.
+        acc = torch._foreach_add(acc_old, g) if g else []
+        stepped = (ni - state.last_step) >= every_at(ni)
+        extra = {**extra, "iteration": ni}
+        inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, **extra)
+        u_leaves, u_def = T.tree_flatten(inner_u)
+        if u_leaves:
+            # An exact copy when stepping (x*1), zeros otherwise (x*0), fused over the tree.
+            u_leaves = torch._foreach_mul(u_leaves, stepped.to(u_leaves[0].dtype))
+        old_s, s_def = T.tree_flatten(state.inner_state)
+        new_s, new_def = T.tree_flatten(inner_new)
+        if s_def != new_def:
+            raise ValueError("[yolo_func] multi_steps: the inner transform changed its state structure between calls")
+        inner_state = T.tree_unflatten(s_def, _select(stepped, new_s, old_s))
+        if acc:
+            # Reset the sum after a step (last: the inner results above may read these buffers).
+            torch._foreach_mul_(acc, (~stepped).to(acc[0].dtype))
+        new_state = MultiStepsState(
+            count=ni + 1,
+            last_step=torch.where(stepped, ni, state.last_step),
+            stepped=stepped,
+            acc_grads=T.tree_unflatten(treedef, acc),
+            inner_state=inner_state,
+        )
+        return T.tree_unflatten(u_def, u_leaves), new_state
+
+    return GradientTransformation(init, update)
+
+
+def nominal_accumulate(batch_size: int, nbs: int = 64) -> int:
+    """``max(round(nbs / batch_size), 1)`` (REFERENCE.md §4.3; 4 for batch 16)."""
+    return max(round(nbs / batch_size), 1)
+
+
+def scaled_weight_decay(weight_decay: float = 5e-4, batch_size: int = 16, accumulate: int = 4, nbs: int = 64) -> float:
+    """The reference's effective decay ``weight_decay * batch_size * accumulate / nbs``.
+
+    Accumulated gradients are summed (trap T12), so the coupled decay is scaled to match; the
+    reference computes it once from the nominal accumulation (host float, Python's operation order).
+
+    Returns:
+      A float (5e-4 for the defaults).
+    """
+    return weight_decay * batch_size * accumulate / nbs

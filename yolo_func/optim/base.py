@@ -1,0 +1,229 @@
+"""The optimizer protocol (optax-shaped) and the small helpers every transform shares.
+
+A :class:`GradientTransformation` is a pair of pure functions::
+
+    state = tx.init(params)
+    updates, state = tx.update(grads, state, params, **extra)
+    params = apply_updates(params, updates)          # or apply_updates_ on static buffers
+
+Trees are nested plain dicts (or NamedTuples, tuples) of tensors, handled through
+:mod:`yolo_func.tree`. Inside ``update`` every transform works on the flat leaf lists with
+``torch._foreach_*`` multi-tensor ops; in-place ops only ever touch tensors the transform has just
+allocated itself, so the caller's ``updates``, ``state`` and ``params`` are never written (the
+returned updates may share storage with the returned state, as JAX arrays would; treat both as
+read-only).
+
+Hyper-parameters are either Python floats (baked into the closure) or *schedules*: callables of an
+``int64[]`` step tensor returning a 0-dim device tensor. A schedule is evaluated at
+``extra["iteration"]`` when the caller passes one (:func:`yolo_func.optim.multi_steps` passes the
+global micro-batch index ``ni``), otherwise at the transform's own ``count`` (updates so far).
+Nothing here calls ``.item()`` or branches on tensor values, so an update can be captured in a
+CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Union
+
+import torch
+
+from yolo_func import tree as T
+
+__all__ = [
+    "Params",
+    "Updates",
+    "OptState",
+    "Schedule",
+    "ScalarOrSchedule",
+    "GradientTransformation",
+    "EmptyState",
+    "identity",
+    "apply_updates",
+    "apply_updates_",
+]
+
+Params = Any
+Updates = Any
+OptState = Any
+#: ``(step: int64[]) -> float[]`` on the step's device.
+Schedule = Callable[[torch.Tensor], torch.Tensor]
+ScalarOrSchedule = Union[float, Schedule]
+
+
+class GradientTransformation(NamedTuple):
+    """A pure gradient transformation.
+
+    Attributes:
+      init: ``(params) -> state``; state tensors live on the params' device.
+      update: ``(updates, state, params=None, **extra) -> (updates, state)``; ``updates`` has the
+        structure of ``params``. ``extra`` is forwarded to inner transforms (``iteration=`` selects
+        the step at which schedules are evaluated).
+    """
+
+    init: Callable[[Params], OptState]
+    update: Callable[..., tuple[Updates, OptState]]
+
+
+class EmptyState(NamedTuple):
+    """State of a stateless transform (no fields, no tensors)."""
+
+
+def identity() -> GradientTransformation:
+    """The transform that returns its updates unchanged.
+
+    >>> import torch
+    >>> tx = identity()
+    >>> u, s = tx.update({"w": torch.ones(2)}, tx.init({"w": torch.zeros(2)}))
+    >>> u["w"].tolist()
+    [1.0, 1.0]
+    """
+
+    def init(params: Params) -> EmptyState:
+        del params
+        return EmptyState()
+
+    def update(updates: Updates, state: EmptyState, params: Params = None, **extra) -> tuple[Updates, EmptyState]:
+        del params, extra
+        return updates, state
+
+    return GradientTransformation(init, update)
+
+
+def _check_same_structure(fn: str, a: Any, b: Any, names: tuple[str, str]) -> tuple[list, list, Any]:
+    a_leaves, a_def = T.tree_flatten(a)
+    b_leaves, b_def = T.tree_flatten(b)
+    if a_def != b_def:
+        raise ValueError(
+            f"[yolo_func] {fn}: {names[0]} and {names[1]} must have the same tree structure; differences:\n"
+            + T.tree_diff(a, b, names=names)
+        )
+    return a_leaves, b_leaves, a_def
+
+
+def apply_updates(params: Params, updates: Updates) -> Params:
+    """Pure ``params + updates`` (new tensors; the inputs are untouched).
+
+    Args:
+      params: tree of float tensors (any shapes).
+      updates: tree of the same structure, shapes and dtypes (cast to each param's dtype).
+
+    Returns:
+      A new tree ``p + u`` computed with one fused multi-tensor add.
+
+    Raises:
+      ValueError: the two trees differ in structure (paths listed).
+    """
+    p, u, treedef = _check_same_structure("apply_updates", params, updates, ("params", "updates"))
+    if not p:
+        return T.tree_unflatten(treedef, [])
+    u = [x if x.dtype == y.dtype else x.to(y.dtype) for x, y in zip(u, p)]
+    return T.tree_unflatten(treedef, torch._foreach_add(p, u))
+
+
+def apply_updates_(params: Params, updates: Updates) -> Params:
+    """In-place ``params += updates`` on static buffers (CUDA-graph replay, eager fast path).
+
+    The parameter tensors keep their storage (pointers captured in a graph stay valid). Same
+    numerics as :func:`apply_updates`.
+
+    Args:
+      params: tree of float tensors, written in place.
+      updates: tree of the same structure.
+
+    Returns:
+      ``params`` (the same object).
+
+    Raises:
+      ValueError: the two trees differ in structure (paths listed).
+    """
+    p, u, _ = _check_same_structure("apply_updates_", params, updates, ("params", "updates"))
+    if p:
+        u = [x if x.dtype == y.dtype else x.to(y.dtype) for x, y in zip(u, p)]
+        torch._foreach_add_(p, u)
+    return params
+
+
+# -- helpers shared by the transforms (private) ---------------------------------------------------
+
+
+def _device_of(tree: Any) -> torch.device:
+    """The device of the first tensor leaf (CPU for an empty tree)."""
+    for leaf in T.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    return torch.device("cpu")
+
+
+def _zero_count(tree: Any) -> torch.Tensor:
+    """``int64[]`` zero on the tree's device: the ``count`` every stateful transform carries."""
+    return torch.zeros((), dtype=torch.int64, device=_device_of(tree))
+
+
+def _step_for(state_count: torch.Tensor, extra: dict) -> torch.Tensor:
+    """The step a schedule is evaluated at: ``extra["iteration"]`` if given, else the count."""
+    it = extra.get("iteration")
+    return state_count if it is None else it
+
+
+def _is_schedule(x: Any) -> bool:
+    return callable(x)
+
+
+def _check_scalar(name: str, x: Any) -> None:
+    if _is_schedule(x):
+        return
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(
+            f"[yolo_func] {name} must be a float or a schedule (a callable of the int64[] step "
+            f"returning a 0-dim tensor), got {type(x).__name__}"
+        )
+
+
+def _eval64(value: ScalarOrSchedule, step: torch.Tensor) -> torch.Tensor | float:
+    """A Python float stays a float; a schedule gives a float64 0-dim tensor on the step's device.
+
+    Scalar arithmetic (bias corrections, ``1 - lr*wd``) is done in float64 as torch's optimizers
+    do it on the host in Python doubles, and cast to the parameter dtype only where it meets the
+    tensors (as the kernels cast a Python scalar to their opmath type).
+    """
+    if not _is_schedule(value):
+        return float(value)
+    out = value(step)
+    if not isinstance(out, torch.Tensor):
+        # A schedule returning a Python number: make it a device tensor (no host sync involved).
+        return torch.full((), float(out), dtype=torch.float64, device=step.device)
+    return out.to(device=step.device, dtype=torch.float64)
+
+
+def _as_leaf_scalar(x: torch.Tensor | float, like: list[torch.Tensor]) -> torch.Tensor | float:
+    """Cast a float64 device scalar to the leaves' dtype (floats pass through)."""
+    if isinstance(x, torch.Tensor) and like:
+        return x.to(dtype=like[0].dtype, device=like[0].device)
+    return x
+
+
+def _select(flag: torch.Tensor, new: list[torch.Tensor], old: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``where(flag, new, old)`` over leaf lists without a host branch or a per-leaf loop.
+
+    Float leaves: ``new * f + old * (1 - f)`` with ``f`` in {0, 1}, which is exact for finite
+    values (x*1 = x, x*0 = 0, x + 0 = x) and fused over the list. Integer and bool leaves (the
+    few counters) use ``torch.where``.
+    """
+    if not new:
+        return []
+    out: list[torch.Tensor | None] = [None] * len(new)
+    f_idx = [i for i, x in enumerate(new) if x.is_floating_point()]
+    o_idx = [i for i, x in enumerate(new) if not x.is_floating_point()]
+    if f_idx:
+        dtype, device = new[f_idx[0]].dtype, new[f_idx[0]].device
+        f = flag.to(dtype=dtype, device=device)
+        nf = [new[i] for i in f_idx]
+        of = [old[i] for i in f_idx]
+        sel = torch._foreach_mul(nf, f)
+        torch._foreach_add_(sel, torch._foreach_mul(of, 1 - f))
+        for i, x in zip(f_idx, sel):
+            out[i] = x
+    for i in o_idx:
+        out[i] = torch.where(flag, new[i], old[i])
+    return out  # type: ignore[return-value]

@@ -1,0 +1,119 @@
+"""Model EMA over parameters and BN statistics as a pure transform (REFERENCE.md §4.4, trap T16).
+
+``d(u) = decay * (1 - exp(-u / tau))`` with ``u`` the number of EMA updates *including* the
+current one, and ``ema <- lerp(ema, model, 1 - d)`` (i.e. ``ema + (1 - d)(model - ema)``) for every
+floating-point leaf. ``torch.lerp`` is the operation the reference's EMA matches bit for bit (checked
+against it as a black box); ``d`` is computed in float64 as the reference does in Python. The count
+and the decay live on the device; an optional ``stepped`` flag (from :class:`MultiStepsState`) makes
+the update a no-op on non-stepping micro-steps without a host branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from yolo_func import tree as T
+from yolo_func.optim.base import _zero_count
+
+__all__ = ["EmaState", "Ema", "ema", "ema_decay"]
+
+
+class EmaState(NamedTuple):
+    """State of :func:`ema`.
+
+    Attributes:
+      count: int64[] EMA updates so far (the reference's ``updates``).
+      ema: the averaged tree (same structure as the model tree it was built from).
+    """
+
+    count: torch.Tensor
+    ema: Any
+
+
+class Ema(NamedTuple):
+    """A pure EMA transform.
+
+    Attributes:
+      init: ``(model) -> EmaState``; the EMA starts as a copy of the model.
+      update: ``(model, state, stepped=None) -> EmaState``; ``stepped`` is a bool[] device flag.
+    """
+
+    init: Callable[[Any], EmaState]
+    update: Callable[..., EmaState]
+
+
+def ema_decay(count: torch.Tensor | int, decay: float = 0.9999, tau: float = 2000.0) -> torch.Tensor:
+    """``d(u) = decay * (1 - exp(-u / tau))`` in float64.
+
+    Args:
+      count: u, int64[] tensor or int (updates including the current one).
+      decay, tau: the reference's 0.9999 and 2000.
+
+    Returns:
+      float64[] on the count's device: d(1) = 4.998e-4, d(2000) = 0.632057, d(10000) = 0.993163.
+    """
+    u = count.to(torch.float64) if isinstance(count, torch.Tensor) else torch.tensor(float(count), dtype=torch.float64)
+    return decay * (1 - torch.exp(-u / tau))
+
+
+def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
+    """Model EMA (the reference's ``ModelEMA``) as ``Ema(init, update)``.
+
+    Pass the tree to average, typically ``{"params": params, "state": model_state}`` so BN running
+    statistics are averaged too. Non-floating leaves keep the EMA's own value.
+
+    Args:
+      decay: asymptotic decay (0.9999).
+      tau: ramp time constant in updates (2000).
+
+    Returns:
+      :class:`Ema`. ``update(model, state, stepped=None)`` returns a new :class:`EmaState`; with a
+      ``stepped`` flag the count advances and the average moves only when it is true.
+
+    >>> import torch
+    >>> e = ema()
+    >>> s = e.init({"w": torch.zeros(1)})
+    >>> s = e.update({"w": torch.ones(1)}, s)
+    >>> round(s.ema["w"].item(), 6), int(s.count)
+    (0.9995, 1)
+    """
+    decay, tau = float(decay), float(tau)
+
+    def init(model: Any) -> EmaState:
+        return EmaState(count=_zero_count(model), ema=T.tree_clone(model))
+
+    def update(model: Any, state: EmaState, stepped: torch.Tensor | None = None) -> EmaState:
+        e_leaves, treedef = T.tree_flatten(state.ema)
+        m_leaves, m_def = T.tree_flatten(model)
+        if m_def != treedef:
+            raise ValueError(
+                "[yolo_func] ema.update: the model tree differs from the EMA's:\n"
+                + T.tree_diff(state.ema, model, names=("ema", "model"))
+            )
+        if stepped is None:
+            count = state.count + 1
+            w = 1 - ema_decay(count, decay, tau)
+        else:
+            count = state.count + stepped.to(state.count.dtype)
+            # Weight 0 on non-stepping calls: lerp(e, m, 0) == e exactly.
+            w = torch.where(stepped, 1 - ema_decay(count, decay, tau), torch.zeros((), dtype=torch.float64, device=count.device))
+        idx = [i for i, x in enumerate(e_leaves) if x.is_floating_point()]
+        out = list(e_leaves)
+        if idx:
+            ef = [e_leaves[i] for i in idx]
+            mf = [m_leaves[i].detach() for i in idx]
+            # One weight tensor per leaf (the list overload of foreach lerp takes device weights).
+            cast = {}
+            for x in ef:  # one cast per (dtype, device), not per leaf
+                key = (x.dtype, x.device)
+                if key not in cast:
+                    cast[key] = w.to(dtype=x.dtype, device=x.device)
+            weights = [cast[(x.dtype, x.device)] for x in ef]
+            for i, x in zip(idx, torch._foreach_lerp(ef, mf, weights)):
+                out[i] = x
+        return EmaState(count=count, ema=T.tree_unflatten(treedef, out))
+
+    return Ema(init, update)
