@@ -17,7 +17,9 @@ from yolo_func.io import to_reference
 from yolo_func.models import yolov8
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
-TOL = dict(rtol=1e-5, atol=1e-6)
+# rtol as the issue asks; atol 1e-5 because CPU conv kernels reduce in a thread-count-dependent
+# order (1 vs 2 OpenMP threads moves near-zero activations by up to ~5e-6).
+TOL = dict(rtol=1e-5, atol=1e-5)
 TASKS = ("detect", "segment", "pose")
 
 

@@ -16,6 +16,7 @@ from yolo_func._types import Anchors, DetectPreds, Feats
 from yolo_func.heads.base import LEVELS, Head, flatten_levels, multi_level
 from yolo_func.losses.box import dist2bbox
 from yolo_func.losses.dfl import dfl_expectation
+from yolo_func.losses.heads import detect_loss
 from yolo_func.nn import conv_weight
 
 __all__ = ["detect_head", "detect_channels", "decode_detect"]
@@ -58,7 +59,8 @@ def detect_head(
       strides: pixels per cell of each level; used for the class-bias prior.
       reg_max: DFL bins R.
       loss_fn: the loss ``(preds, targets, assignment) -> (scalar, parts)``; built by
-        :func:`yolo_func.heads.detect_loss` by default.
+        :func:`yolo_func.losses.detect_loss` with this head's ``num_classes`` and ``reg_max`` by
+        default (gains box 7.5, cls 0.5, dfl 1.5).
 
     Returns:
       ``Head`` whose apply maps ``Feats`` to ``DetectPreds(box_dist float[B, A, 4R], cls_logits float[B, A, K])``.
@@ -91,9 +93,10 @@ def detect_head(
     def decode(preds: DetectPreds, anchors: Anchors) -> torch.Tensor:
         return decode_detect(preds, anchors, reg_max=reg_max)
 
+    if loss_fn is None:
+        loss_fn = detect_loss(num_classes=num_classes, reg_max=reg_max)
+
     def loss(preds, targets, assignment):
-        if loss_fn is None:
-            raise NotImplementedError("detect loss arrives with the losses issue")
         return loss_fn(preds, targets, assignment)
 
     return Head(init, apply, loss, decode)

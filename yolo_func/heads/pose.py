@@ -12,6 +12,7 @@ import torch
 
 from yolo_func._types import Anchors, Feats, PosePreds
 from yolo_func.heads.base import Head, flatten_levels, multi_level
+from yolo_func.losses.heads import pose_loss
 
 __all__ = ["pose_head", "decode_keypoints"]
 
@@ -41,7 +42,8 @@ def pose_head(*, channels: Sequence[int], kpt_shape: tuple[int, int] = (17, 3), 
     Args:
       channels: input channels of (P3, P4, P5).
       kpt_shape: (P keypoints, D) with D = 2 (x, y) or 3 (x, y, visibility).
-      loss_fn: the keypoint loss ``(preds, targets, assignment) -> (scalar, parts)``.
+      loss_fn: the keypoint loss ``(preds, targets, assignment) -> (scalar, parts)``; default
+        :func:`yolo_func.losses.pose_loss` with this ``kpt_shape`` (gains pose 12.0, kobj 1.0).
 
     Returns:
       ``Head`` whose apply maps ``Feats`` to ``PosePreds(keypoints float[B, A, P*D])``.
@@ -64,9 +66,10 @@ def pose_head(*, channels: Sequence[int], kpt_shape: tuple[int, int] = (17, 3), 
     def decode(preds: PosePreds, anchors: Anchors) -> torch.Tensor:
         return decode_keypoints(preds.keypoints, anchors, kpt_shape)
 
+    if loss_fn is None:
+        loss_fn = pose_loss(kpt_shape=kpt_shape)
+
     def loss(preds, targets, assignment):
-        if loss_fn is None:
-            raise NotImplementedError("pose loss arrives with the losses issue")
         return loss_fn(preds, targets, assignment)
 
     return Head(init, apply, loss, decode)

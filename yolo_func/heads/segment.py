@@ -13,6 +13,7 @@ import torch
 
 from yolo_func._types import Anchors, Feats, SegmentPreds
 from yolo_func.heads.base import Head, flatten_levels, multi_level
+from yolo_func.losses.heads import segment_loss
 from yolo_func.nn import Layer, conv_bn_act, conv_transpose2d
 
 __all__ = ["segment_head", "proto"]
@@ -60,7 +61,8 @@ def segment_head(
       num_masks: NM mask coefficients (reference ``nm`` = 32).
       proto_channels: hidden width of the prototype branch (reference ``npr``; width-scaled by
         :func:`yolo_func.models.yolov8`: n 64, s 128, m 192, l 256, x 320).
-      loss_fn: the mask loss ``(preds, targets, assignment) -> (scalar, parts)``.
+      loss_fn: the mask loss ``(preds, targets, assignment) -> (scalar, parts)``; default
+        :func:`yolo_func.losses.segment_loss` (gain 7.5, the box gain).
 
     Returns:
       ``Head`` whose apply maps ``Feats`` to ``SegmentPreds(coeffs float[B, A, NM],
@@ -86,9 +88,10 @@ def segment_head(
         del anchors
         return preds.coeffs.transpose(1, 2), preds.protos
 
+    if loss_fn is None:
+        loss_fn = segment_loss()
+
     def loss(preds, targets, assignment):
-        if loss_fn is None:
-            raise NotImplementedError("segment loss arrives with the losses issue")
         return loss_fn(preds, targets, assignment)
 
     return Head(init, apply, loss, decode)

@@ -1,6 +1,28 @@
-"""Loss terms: IoU family and box codecs, DFL, classification, masks, keypoints."""
+"""Loss terms: IoU family and box codecs, DFL, classification, masks, keypoints, and the
+head-level losses ``(preds, targets, assignment) -> (scalar, parts)``."""
 
-from yolo_func.losses.box import bbox2dist, dist2bbox
-from yolo_func.losses.dfl import dfl_expectation
+from yolo_func.losses.box import bbox2dist, bbox_iou, dist2bbox
+from yolo_func.losses.cls import cls_loss
+from yolo_func.losses.dfl import dfl_expectation, dfl_loss
+from yolo_func.losses.heads import LossFn, LossGains, detect_loss, pose_loss, segment_loss
+from yolo_func.losses.keypoint import COCO_SIGMAS, keypoint_losses, keypoint_sigmas
+from yolo_func.losses.mask import gather_positive_slots, mask_loss
 
-__all__ = ["dist2bbox", "bbox2dist", "dfl_expectation"]
+__all__ = [
+    "dist2bbox",
+    "bbox2dist",
+    "bbox_iou",
+    "dfl_expectation",
+    "dfl_loss",
+    "cls_loss",
+    "mask_loss",
+    "gather_positive_slots",
+    "keypoint_losses",
+    "keypoint_sigmas",
+    "COCO_SIGMAS",
+    "LossGains",
+    "LossFn",
+    "detect_loss",
+    "segment_loss",
+    "pose_loss",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["dfl_expectation"]
+__all__ = ["dfl_expectation", "dfl_loss"]
 
 
 def dfl_expectation(box_dist: torch.Tensor, reg_max: int = 16) -> torch.Tensor:
@@ -23,3 +23,35 @@ def dfl_expectation(box_dist: torch.Tensor, reg_max: int = 16) -> torch.Tensor:
     p = box_dist.reshape(*shape, 4, reg_max).softmax(-1)
     proj = torch.arange(reg_max, device=box_dist.device, dtype=p.dtype)
     return p.matmul(proj)  # a matmul, as the reference's loss decode does (same rounding)
+
+
+def dfl_loss(box_dist: torch.Tensor, target: torch.Tensor, *, reg_max: int = 16) -> torch.Tensor:
+    """Distribution focal loss per anchor, the mean over its four sides (Li et al., "Generalized
+    Focal Loss", NeurIPS 2020; ultralytics ``DFLoss``; REFERENCE.md §2.4, trap T11).
+
+    Each side's target ``t`` (grid units) is clamped to ``[0, R - 1 - 0.01]``; with
+    ``tl = floor(t)``, ``tr = tl + 1``, ``wl = tr - t``, ``wr = 1 - wl`` the side loss is
+    ``-(wl * log_softmax(bins)[tl] + wr * log_softmax(bins)[tr])``.
+
+    Args:
+      box_dist: float[..., 4*R] raw logits, side-major (left, top, right, bottom) x R bins.
+      target: float[..., 4] target ltrb distances in grid units (no gradient needed).
+      reg_max: R (16).
+
+    Returns:
+      float[...]: the mean of the four side losses (>= 0).
+    """
+    if box_dist.shape[-1] != 4 * reg_max or target.shape[-1] != 4:
+        raise ValueError(
+            f"[yolo_func] dfl_loss: expected box_dist [..., {4 * reg_max}] and target [..., 4], "
+            f"got {tuple(box_dist.shape)} and {tuple(target.shape)}"
+        )
+    logp = box_dist.reshape(*box_dist.shape[:-1], 4, reg_max).log_softmax(-1)
+    t = target.detach().clamp(0, reg_max - 1 - 0.01)
+    tl = t.floor()
+    wl = tl + 1 - t
+    wr = 1 - wl
+    idx = tl.long().unsqueeze(-1)
+    lp_l = logp.gather(-1, idx).squeeze(-1)
+    lp_r = logp.gather(-1, idx + 1).squeeze(-1)
+    return -(lp_l * wl + lp_r * wr).mean(-1)

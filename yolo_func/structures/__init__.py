@@ -1,1 +1,26 @@
-"""structures"""
+"""Box helpers and padded static-shape targets."""
+
+from yolo_func.structures.boxes import box_area, clip_boxes, xywh_to_xyxy, xyxy_to_xywh
+from yolo_func.structures.targets import (
+    bucket_size,
+    check_finite,
+    pad_targets,
+    targets_from_flat,
+    targets_from_lists,
+    validate_preds,
+    validate_targets,
+)
+
+__all__ = [
+    "xyxy_to_xywh",
+    "xywh_to_xyxy",
+    "clip_boxes",
+    "box_area",
+    "bucket_size",
+    "targets_from_flat",
+    "targets_from_lists",
+    "pad_targets",
+    "validate_targets",
+    "validate_preds",
+    "check_finite",
+]

@@ -1,0 +1,134 @@
+"""Time loss forward + backward (assignment included) for detect / segment / pose.
+
+    python benchmarks/loss.py --out DIR          # default DIR: $OUT or benchmarks/results/
+
+640 px (A = 8400, masks 160x160), batch 4 / 16 / 64, 8-20 targets per image (M bucketed), head
+outputs produced under BF16 autocast as in a training step (the losses compute in float32),
+CUDA events, >= 10 warm-up iterations, median of >= 30. Writes ``loss_<date>.json`` with the
+command, GPU, torch version, date and per-(task, batch) medians. Targets (issue 3): segment
+<= 8 / 15 / 35 ms at batch 4 / 16 / 64 (it includes the detect loss, as the segmentation
+criterion does), detect and pose <= 6 ms at batch 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from yolo_func._types import DetectPreds, PosePreds, SegmentPreds  # noqa: E402
+from yolo_func.assign import assign_from_detect, make_anchors  # noqa: E402
+from yolo_func.losses import detect_loss, pose_loss, segment_loss  # noqa: E402
+from yolo_func.structures import targets_from_flat  # noqa: E402
+
+
+def make_batch(task, batch, size, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(8, 21, (batch,), generator=g)
+    n = int(counts.sum())
+    wh = torch.rand(n, 2, generator=g) * 0.3 + 0.02
+    xy = wh / 2 + torch.rand(n, 2, generator=g) * (1 - wh)
+    bi = torch.arange(batch).repeat_interleave(counts).float()
+    nc = 1 if task == "pose" else 80
+    hm = size // 4
+    kw = {}
+    if task == "segment":
+        masks = torch.zeros(batch, hm, hm)
+        start = 0
+        for b, c in enumerate(counts.tolist()):  # data-pipeline side: rasterise boxes as masks
+            for j in range(c):
+                cx, cy, w, h = (torch.cat((xy, wh), -1)[start + j] * hm).tolist()
+                masks[b, int(cy - h / 2):int(cy + h / 2), int(cx - w / 2):int(cx + w / 2)] = j + 1
+            start += c
+        kw["masks"] = masks
+    if task == "pose":
+        kw["keypoints"] = torch.cat((torch.rand(n, 17, 2, generator=g), torch.randint(0, 3, (n, 17, 1), generator=g).float()), -1)
+    t = targets_from_flat(bi, torch.randint(0, nc, (n,), generator=g).float(), torch.cat((xy, wh), -1),
+                          batch_size=batch, image_size=(size, size), **kw)
+    t = type(t)(*(x.to(device) if x is not None else None for x in t))
+    anchors = make_anchors([(size // s, size // s) for s in (8, 16, 32)], (8, 16, 32), device=device)
+    A = anchors.points.shape[0]
+    # Head outputs as BF16 leaves (what the heads emit under autocast).
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=torch.bfloat16).requires_grad_(True)
+
+    dp = DetectPreds(leaf(batch, A, 64), leaf(batch, A, nc))
+    head = None
+    if task == "segment":
+        head = SegmentPreds(leaf(batch, A, 32), leaf(batch, 32, hm, hm))
+    elif task == "pose":
+        head = PosePreds(leaf(batch, A, 51))
+    return dp, head, t, anchors, nc
+
+
+def time_task(task, batch, size, device, warmup, iters):
+    dp, head, t, anchors, nc = make_batch(task, batch, size, device)
+    det = detect_loss(num_classes=nc)
+    extra = segment_loss() if task == "segment" else pose_loss(kpt_shape=(17, 3)) if task == "pose" else None
+    leaves = [*dp] + ([*head] if head is not None else [])
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            a = assign_from_detect(dp, t, anchors)
+            total = det(dp, t, a)[0]
+            if extra is not None:
+                total = total + extra(head, t, a)[0]
+        return torch.autograd.grad(total, leaves)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return {"task": task, "batch": batch, "M": int(t.boxes.shape[1]), "median_ms": statistics.median(times),
+            "min_ms": min(times), "max_ms": max(times), "iters": iters, "warmup": warmup,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--batches", default="4,16,64")
+    p.add_argument("--tasks", default="detect,segment,pose")
+    p.add_argument("--size", type=int, default=640)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=30)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("[yolo_func] benchmarks/loss.py needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results = []
+    for task in args.tasks.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            r = time_task(task, batch, args.size, "cuda", max(args.warmup, 10), max(args.iters, 30))
+            print(f"{task:8s} batch {batch:3d}  M {r['M']:3d}  median {r['median_ms']:7.2f} ms  peak {r['peak_mem_gib']:.2f} GiB", flush=True)
+            results.append(r)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    record = {"command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "date": now.isoformat(timespec="seconds"), "size": args.size,
+              "autocast": "bfloat16 (head outputs), losses in float32", "results": results}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"loss_{now:%Y%m%dT%H%M%S}.json"
+    path.write_text(json.dumps(record, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

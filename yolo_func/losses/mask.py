@@ -1,0 +1,119 @@
+"""Instance-mask term, vectorised over images and positive anchors (REFERENCE.md §2.6, trap T13).
+
+The reference loops over images in Python and indexes positives with boolean masks. Here the
+positive anchors of every image are gathered into a *static* number of slots
+``num_slots = min(A, M * topk)`` (each target owns at most ``topk`` positives, so the slots always
+hold all of them), with a slot-valid mask; the predicted logits for all slots of all images come
+from one batched matmul ``coeffs @ protos`` of shape ``[B, num_slots, Hm, Wm]`` (never
+``[B, A, Hm*Wm]``). The crop is separable (a column mask times a row mask), so the cropped sum is
+a matrix-vector product instead of a masked full-size tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["gather_positive_slots", "crop_bounds", "mask_loss"]
+
+
+def gather_positive_slots(fg_mask: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchor indices of the positives of every image, packed into ``num_slots`` static slots.
+
+    A stable sort of ``fg_mask`` (descending) puts the positive anchors first in anchor order;
+    the remaining slots point at background anchors and are marked invalid.
+
+    Args:
+      fg_mask: bool[B, A].
+      num_slots: S <= A, at least the largest number of positives per image.
+
+    Returns:
+      ``(anchor_idx int64[B, S], slot_valid bool[B, S])``.
+    """
+    order = torch.sort(fg_mask.to(torch.int32), dim=1, descending=True, stable=True).indices
+    idx = order[:, :num_slots]
+    return idx, fg_mask.gather(1, idx)
+
+
+def crop_bounds(boxes: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Separable crop masks with the integer-index rule: pixel column c survives iff
+    ``x1 <= c < x2``, row r iff ``y1 <= r < y2`` (boxes in mask pixels).
+
+    Args:
+      boxes: float[..., 4] xyxy at mask resolution.
+      size: (Hm, Wm).
+
+    Returns:
+      ``(rows float[..., Hm], cols float[..., Wm])`` of 0/1.
+    """
+    hm, wm = size
+    x1, y1, x2, y2 = (v[..., None] for v in boxes.unbind(-1))
+    c = torch.arange(wm, device=boxes.device, dtype=boxes.dtype)
+    r = torch.arange(hm, device=boxes.device, dtype=boxes.dtype)
+    cols = ((c >= x1) & (c < x2)).to(boxes.dtype)
+    rows = ((r >= y1) & (r < y2)).to(boxes.dtype)
+    return rows, cols
+
+
+def mask_loss(
+    coeffs: torch.Tensor,
+    protos: torch.Tensor,
+    masks: torch.Tensor,
+    fg_mask: torch.Tensor,
+    gt_idx: torch.Tensor,
+    target_boxes: torch.Tensor,
+    *,
+    image_size: tuple[int, int],
+    num_slots: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum over positive anchors of the cropped, area-normalised mask BCE, and the positive count.
+
+    For a positive anchor with target slot j: logits ``P = coeffs_a @ protos_b`` ([Hm, Wm]),
+    ``G = (masks_b == j + 1)`` (overlap map) or ``masks[b, j]`` (per instance), per-pixel
+    ``BCEWithLogits(P, G)`` zeroed outside the target box at mask resolution, averaged over all
+    ``Hm * Wm`` pixels, divided by the normalised box area ``w * h / (W * H)``.
+
+    The matmul follows the ambient autocast (BF16 logits on GPU training); the BCE and its
+    cropped reduction run in float32.
+
+    Args:
+      coeffs: float[B, A, NM] mask coefficients.
+      protos: float[B, NM, Hm, Wm] prototypes (already at mask resolution).
+      masks: int64[B, Hm, Wm] overlap map or float[B, M, Hm, Wm] per-instance masks.
+      fg_mask: bool[B, A]; gt_idx: int64[B, A]; target_boxes: float[B, A, 4] xyxy pixels.
+      image_size: (H, W) of the network input in pixels.
+      num_slots: static slots per image (>= the largest number of positives in an image).
+
+    Returns:
+      ``(loss_sum float[], num_pos float[])``; ``loss_sum`` is 0 when there are no positives.
+    """
+    B, A, NM = coeffs.shape
+    hm, wm = masks.shape[-2:]
+    H, W = image_size
+    S = max(1, min(num_slots, A))
+    idx, ok = gather_positive_slots(fg_mask, S)  # [B, S]
+    slot_gt = gt_idx.gather(1, idx)
+    c = coeffs.gather(1, idx[..., None].expand(B, S, NM))
+    logits = torch.bmm(c, protos.reshape(B, NM, hm * wm).to(c.dtype)).reshape(B, S, hm, wm)
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if masks.ndim == 3:  # overlap map: value j + 1 marks slot j
+        gt = masks[:, None] == (slot_gt + 1)[:, :, None, None]
+        # BCEWithLogits for a binary target in its stable form softplus(+-P).
+        bce = F.softplus(torch.where(gt, -logits, logits))
+    else:
+        gt = masks.gather(1, slot_gt[:, :, None, None].expand(B, S, hm, wm)).to(logits.dtype)
+        bce = F.binary_cross_entropy_with_logits(logits, gt, reduction="none")
+    boxes = target_boxes.gather(1, idx[..., None].expand(B, S, 4)).to(logits.dtype)
+    # Python-scalar arithmetic per coordinate: a torch.tensor([W, H, W, H]) would be a blocking
+    # host-to-device copy on every call.
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    norm = torch.stack((x1 / W, y1 / H, x2 / W, y2 / H), -1)
+    nx1, ny1, nx2, ny2 = norm.unbind(-1)
+    rows, cols = crop_bounds(torch.stack((nx1 * wm, ny1 * hm, nx2 * wm, ny2 * hm), -1), (hm, wm))
+    with torch.autocast(device_type=bce.device.type, enabled=False):
+        cropped = torch.matmul(bce, cols[..., None]).squeeze(-1)  # [B, S, Hm]: sum over kept columns
+        per_slot = (cropped * rows).sum(-1) / (hm * wm)  # mean over the whole mask area
+    area = (norm[..., 2] - norm[..., 0]) * (norm[..., 3] - norm[..., 1])
+    area = torch.where(ok, area, torch.ones_like(area))  # background slots: a safe denominator
+    per_slot = torch.where(ok, per_slot / area, torch.zeros_like(per_slot))
+    return per_slot.sum(), fg_mask.sum().to(per_slot.dtype)
