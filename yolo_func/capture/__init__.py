@@ -1,4 +1,5 @@
-"""CUDA-graph capture of pure functions and their ``torch.func.vjp`` (see :mod:`yolo_func.capture.cuda_graph`)."""
+"""CUDA-graph capture of pure functions and their ``torch.func.vjp`` (:mod:`yolo_func.capture.cuda_graph`)
+and of whole pure steps (:mod:`yolo_func.capture.whole_step`)."""
 
 from yolo_func.capture.cuda_graph import (
     CaptureCache,
@@ -15,9 +16,14 @@ from yolo_func.capture.cuda_graph import (
     num_captures,
     signature_of,
 )
+from yolo_func.capture.whole_step import CapturedStep, StepBuffers, StepStats, capture_step
 
 __all__ = [
     "capture_vjp",
+    "capture_step",
+    "CapturedStep",
+    "StepBuffers",
+    "StepStats",
     "Captured",
     "CaptureCache",
     "CaptureCacheFull",

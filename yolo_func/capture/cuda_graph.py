@@ -737,8 +737,8 @@ class CaptureCache:
             self.overflows += 1
             raise CaptureCacheFull(key, tuple(self._entries), self.max_entries)
         entry = capture()
-        if not isinstance(entry, Captured):
-            raise TypeError(f"[yolo_func] CaptureCache: capture() must return a Captured, got {type(entry).__name__}")
+        if not hasattr(entry, "signature"):  # a Captured or a CapturedStep
+            raise TypeError(f"[yolo_func] CaptureCache: capture() must return a Captured or CapturedStep, got {type(entry).__name__}")
         self._entries[key] = entry
         self.num_captures += 1
         return entry

@@ -49,7 +49,8 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
     stepped, ``updates = tx.update(acc, ...)`` and ``acc = 0``, ``last_step = ni``; otherwise the
     updates are zeros and the inner state is unchanged. The inner transform always runs (static
     shapes, no host branch) and its results are selected with the device flag. Schedules inside
-    ``tx`` receive ``iteration=ni``.
+    ``tx`` receive ``iteration=ni``. An extra keyword ``skip`` (device ``bool[]``) vetoes the step
+    of this call (the training step's non-finite policy passes it, with the gradients zeroed).
 
     Args:
       tx: the optimizer to wrap (e.g. ``chain(clip_by_global_norm(10.0), partition(...))``).
@@ -110,6 +111,10 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
         # Fresh tensors: the caller's gradient buffers are never aliased or written.
         acc = torch._foreach_add(acc_old, g) if g else []
         stepped = (ni - state.last_step) >= every_at(ni)
+        skip = extra.pop("skip", None)
+        if skip is not None:
+            # A skipped micro-step (e.g. non-finite loss) never steps; its (zeroed) gradient adds nothing.
+            stepped = stepped & ~skip
         extra = {**extra, "iteration": ni}
         inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, **extra)
         u_leaves, u_def = T.tree_flatten(inner_u)

@@ -1,1 +1,7 @@
-"""train"""
+"""Training: state, the eager step (and replay levels), the optimizer recipe."""
+
+from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
+from yolo_func.train.state import Batch, TrainState
+from yolo_func.train.step import init_train_state, make_train_step, train_step
+
+__all__ = ["TrainState", "Batch", "train_step", "make_train_step", "init_train_state", "yolo_sgd", "YoloOptimizer"]

@@ -1,0 +1,131 @@
+"""Replay a whole pure step ``fn(carry, inputs) -> (new_carry, aux)`` as one CUDA graph.
+
+:func:`capture_step` records ``fn`` on static buffers and, inside the same graph, copies
+``new_carry`` back into the static ``carry`` buffers. One replay is therefore one complete step:
+the caller copies a new batch into the static inputs (or passes them), replays, and reads the
+updated carry and the ``aux`` outputs from static buffers. Because the graph runs exactly the
+kernels the eager call runs, in the same order, on the same values, a replayed step is bitwise equal
+to the eager one (with the same deterministic flags; see :mod:`yolo_func.capture.cuda_graph`).
+
+``fn`` must be capturable: static shapes, no host synchronisation (``.item()``, Python branches
+on tensor values, boolean-mask indexing), no CPU tensors created inside. Warm-up runs ``fn`` on a
+side stream on the static buffers without writing them back (``fn`` is pure), so it leaves no trace;
+the default CUDA generator's state is restored afterwards.
+
+Aliasing: the returned carry *is* the static carry (updated in place by every replay) and ``aux``
+the static outputs (overwritten by every replay). Clone what you keep across steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from yolo_func import tree as T
+from yolo_func.capture.cuda_graph import (
+    CaptureSignature,
+    CaptureUnavailable,
+    _Binder,
+    _check_available,
+)
+
+__all__ = ["CapturedStep", "StepBuffers", "StepStats", "capture_step"]
+
+PyTree = Any
+
+
+class StepBuffers(NamedTuple):
+    """The static tensors of a captured step: ``carry`` (read and written), ``inputs`` (read),
+    ``aux`` (written)."""
+
+    carry: PyTree
+    inputs: PyTree
+    aux: PyTree
+
+
+@dataclasses.dataclass
+class StepStats:
+    """Counters: replays so far and input leaves copied by the last call."""
+
+    replays: int = 0
+    leaves_copied: int = 0
+
+
+class CapturedStep(NamedTuple):
+    """A captured step.
+
+    Attributes:
+      step: ``(carry, inputs) -> (carry, aux)``: copies arguments into the static buffers (skipped
+        for leaves that already are the static ones), replays, returns the static carry and aux.
+        Raises :class:`yolo_func.capture.CaptureMismatch` for arguments of another signature.
+      signature: the captured :class:`yolo_func.capture.CaptureSignature` of ``(carry, inputs)``.
+      static: :class:`StepBuffers`.
+      stats: :class:`StepStats`.
+      pool: the graph's memory pool handle.
+    """
+
+    step: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
+    signature: CaptureSignature
+    static: StepBuffers
+    stats: StepStats
+    pool: Any
+
+
+def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: PyTree, inputs: PyTree, *,
+                 warmup: int = 2, pool: Any = None) -> CapturedStep:
+    """Capture ``fn(carry, inputs) -> (new_carry, aux)`` and the write-back ``carry <- new_carry``.
+
+    Args:
+      fn: pure; ``new_carry`` has ``carry``'s structure, shapes and dtypes.
+      carry: pytree of CUDA tensors (e.g. a ``TrainState``); cloned into static buffers.
+      inputs: pytree of CUDA tensors (e.g. a ``Batch``); cloned into static buffers.
+      warmup: eager runs on a side stream before capture (cuDNN/cuBLAS set-up), >= 1.
+      pool: a memory pool handle to share, or None for a private one.
+
+    Returns:
+      :class:`CapturedStep`.
+
+    Raises:
+      CaptureUnavailable: a tensor is not on a CUDA device, or CUDA is unavailable.
+      ValueError: ``new_carry`` does not match ``carry``.
+    """
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"[yolo_func] capture_step: warmup must be an int >= 1, got {warmup!r}")
+    device = _check_available({"carry": carry, "inputs": inputs}, ())
+    static_carry, static_inputs = T.tree_clone(carry), T.tree_clone(inputs)
+    binder = _Binder({"carry": static_carry, "inputs": static_inputs}, None, what="step inputs")
+
+    with torch.cuda.device(device):
+        gen = torch.cuda.default_generators[device.index]
+        gen_state = gen.get_state()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                new_carry, aux = fn(static_carry, static_inputs)
+                if T.tree_structure(new_carry) != T.tree_structure(static_carry):
+                    raise ValueError("[yolo_func] capture_step: fn's new carry differs from the carry:\n"
+                                     + T.tree_diff(static_carry, new_carry, names=("carry", "new carry")))
+            del new_carry, aux
+        torch.cuda.current_stream(device).wait_stream(side)
+        gen.set_state(gen_state)
+        graph = torch.cuda.CUDAGraph()
+        pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        with torch.cuda.graph(graph, pool=pool):
+            new_carry, aux = fn(static_carry, static_inputs)
+            T.tree_copy_(static_carry, new_carry)
+        del new_carry
+
+    stats = StepStats()
+
+    def step(carry_: PyTree, inputs_: PyTree):
+        stats.leaves_copied = binder.load(carry_, inputs_)
+        graph.replay()
+        stats.replays += 1
+        return static_carry, aux
+
+    return CapturedStep(step, binder.signature, StepBuffers(static_carry, static_inputs, aux), stats, pool)
+

@@ -1,0 +1,197 @@
+"""Training steps that replay CUDA graphs, each bitwise equal to the eager :func:`train_step`.
+
+Levels (``capture=``):
+
+- ``"none"``: the eager step.
+- ``"network"`` (default on CUDA; the mission's shape): backbone + neck forward and backward are
+  replayed (:func:`yolo_func.capture.capture_vjp`); each head's apply and loss run eagerly as their
+  own functional calls; the heads' feature gradients are summed explicitly and copied into the
+  static cotangent buffers; one backward replay; the optimizer writes the static parameters in place.
+- ``"step"``: the whole eager step — network, heads, assignment, the static-shape losses, the
+  explicit gradient sum, the non-finite guard, optimizer and EMA — replayed as one graph
+  (:func:`yolo_func.capture.capture_step`), one capture per (batch shape, image size, target
+  bucket) in a bounded cache sharing one memory pool.
+
+Gradient accumulation works at every level: the optimizer's :func:`yolo_func.optim.multi_steps`
+sums into buffers of its own (never the static gradient buffers a replay returns).
+
+Donation: replay steps keep the training state in static buffers and update them in place. The
+``TrainState`` you pass in is consumed; use the one returned (its leaves are the static buffers).
+``metrics`` of a ``"step"`` replay are static buffers too: fetch (or clone) them before the next call.
+
+Fallback: when capture cannot hold — the inputs are not on a CUDA device, a head is marked
+``capturable=False`` (for ``"step"``), or the bounded cache is full — the step runs eagerly and
+one warning (``CaptureFallbackWarning``) names the reason, once per reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from yolo_func import tree as T
+from yolo_func._types import Feats
+from yolo_func.capture import CaptureCache, CaptureUnavailable, capture_step, capture_vjp
+from yolo_func.models.yolov8 import Model
+from yolo_func.optim import apply_updates_
+from yolo_func.train.state import Batch, TrainState
+from yolo_func.train.step import finish_step, heads_backward, train_step
+
+__all__ = ["LEVELS", "CaptureFallbackWarning", "ReplayTrainStep"]
+
+LEVELS = ("none", "network", "step")
+
+
+class CaptureFallbackWarning(UserWarning):
+    """A replay level could not hold and the step ran eagerly (the message says why)."""
+
+
+def _batch_key(batch: Batch) -> tuple:
+    t = batch.targets
+    return (
+        tuple(batch.images.shape), batch.images.dtype, tuple(t.boxes.shape),
+        None if t.masks is None else tuple(t.masks.shape),
+        None if t.keypoints is None else tuple(t.keypoints.shape),
+    )
+
+
+class ReplayTrainStep:
+    """A training step at a replay level (see the module docstring).
+
+    Args:
+      model, tx, ema: as :func:`yolo_func.train.train_step`.
+      capture: ``"none"``, ``"network"`` or ``"step"``.
+      autocast_dtype: ``"auto"`` (BF16 on CUDA, none elsewhere), a dtype, or None.
+      channels_last: NHWC images (default on CUDA; keep the params NHWC too, as
+        :func:`init_train_state` does on CUDA).
+      skip_nonfinite: the non-finite policy of :mod:`yolo_func.train.step`.
+      max_captures: bound of the capture cache (distinct batch / image / bucket shapes).
+      warmup: eager warm-up runs before each capture.
+
+    Call: ``step(ts, batch) -> (ts, metrics)``.
+    """
+
+    def __init__(self, model: Model, tx, *, ema=None, capture: str = "network", autocast_dtype: Any = "auto",
+                 channels_last: bool | None = None, skip_nonfinite: bool = True, max_captures: int = 4,
+                 warmup: int = 3):
+        if capture not in LEVELS:
+            raise ValueError(f"[yolo_func] capture must be one of {list(LEVELS)}, got {capture!r}")
+        self.model, self.tx, self.ema, self.capture = model, tx, ema, capture
+        self.autocast_dtype, self.channels_last = autocast_dtype, channels_last
+        self.skip_nonfinite, self.warmup = skip_nonfinite, warmup
+        self.cache = CaptureCache(max_captures)
+        self._warned: set[str] = set()
+        self._bn_backup = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _dtype(self, images: torch.Tensor):
+        if self.autocast_dtype == "auto":
+            return torch.bfloat16 if images.device.type == "cuda" else None
+        return self.autocast_dtype
+
+    def _prepare(self, batch: Batch) -> Batch:
+        cl = self.channels_last if self.channels_last is not None else batch.images.device.type == "cuda"
+        if cl and not batch.images.is_contiguous(memory_format=torch.channels_last):
+            batch = Batch(batch.images.contiguous(memory_format=torch.channels_last), batch.targets)
+        return batch
+
+    def _fallback(self, reason: str) -> None:
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"[yolo_func] capture={self.capture!r} falls back to the eager step: {reason}",
+                          CaptureFallbackWarning, stacklevel=3)
+
+    def _eager(self, ts: TrainState, batch: Batch):
+        return train_step(ts, batch, model=self.model, tx=self.tx, ema=self.ema,
+                          autocast_dtype=self._dtype(batch.images), skip_nonfinite=self.skip_nonfinite)
+
+    # -- the step --------------------------------------------------------------------------
+    def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        batch = self._prepare(batch)
+        if self.capture == "none":
+            return self._eager(ts, batch)
+        if batch.images.device.type != "cuda":
+            self._fallback(f"the inputs are on {batch.images.device}, not a CUDA device")
+            return self._eager(ts, batch)
+        if self.capture == "step":
+            not_capturable = [n for n, h in self.model.heads.items() if not h.capturable]
+            if not_capturable:
+                self._fallback(f"head(s) {not_capturable} are marked capturable=False")
+                return self._eager(ts, batch)
+        try:
+            if self.capture == "step":
+                return self._step_replay(ts, batch)
+            return self._network_replay(ts, batch)
+        except CaptureUnavailable as e:
+            self._fallback(e.reason)
+            return self._eager(ts, batch)
+
+    def _step_replay(self, ts: TrainState, batch: Batch):
+        def fn(carry, inputs):
+            return train_step(carry, inputs, model=self.model, tx=self.tx, ema=self.ema,
+                              autocast_dtype=self._dtype(batch.images), skip_nonfinite=self.skip_nonfinite)
+
+        cap = self.cache.get_or_capture(
+            ("step",) + _batch_key(batch),
+            lambda: capture_step(fn, ts, batch, warmup=self.warmup, pool=self.cache.pool),
+        )
+        return cap.step(ts, batch)
+
+    def _network_replay(self, ts: TrainState, batch: Batch):
+        model, images = self.model, batch.images
+        dtype = self._dtype(images)
+
+        def net_fn(p, s, x):
+            return model.network.apply(p, s, x, train=True)
+
+        cap = self.cache.get_or_capture(
+            ("network", tuple(images.shape), images.dtype),
+            lambda: capture_vjp(net_fn, ts.params["network"], ts.state["network"], images, warmup=self.warmup,
+                                autocast_dtype=dtype, pool=self.cache.pool),
+        )
+        static = cap.static
+        # Adopt the static buffers as the state's network leaves (copies happen only on the first
+        # call with a fresh TrainState or after a switch between captures).
+        if ts.params["network"] is not static.params:
+            T.tree_copy_(static.params, ts.params["network"])
+            T.tree_copy_(static.state, ts.state["network"])
+            ts = ts._replace(params={**ts.params, "network": static.params}, state={**ts.state, "network": static.state})
+        old_net_state = None
+        if self.skip_nonfinite:
+            # The replayed forward overwrites the static BN statistics; keep a copy for a skipped step.
+            if self._bn_backup is None or T.tree_structure(self._bn_backup) != T.tree_structure(static.state):
+                self._bn_backup = T.tree_clone(static.state)
+            else:
+                T.tree_copy_(self._bn_backup, static.state)
+            old_net_state = self._bn_backup
+        feats, net_state = cap.forward(static.params, static.state, images)
+        g_feats, head_grads, head_states, losses, parts, norms = heads_backward(
+            model, ts.params["heads"], ts.state["heads"], Feats(*feats), batch.targets, autocast_dtype=dtype
+        )
+        g_network = cap.backward(g_feats)
+        grads = {"network": g_network, "heads": head_grads}
+        new_state = {"network": net_state, "heads": head_states}
+        old_state = None if old_net_state is None else {"network": old_net_state, "heads": ts.state["heads"]}
+        new_ts, metrics = finish_step(ts, grads, new_state, losses, parts, norms, tx=self.tx, ema=self.ema,
+                                      skip_nonfinite=self.skip_nonfinite, apply=apply_updates_,
+                                      old_model_state=old_state)
+        # Keep the network's BN statistics in the static buffers (a skipped step restores them there).
+        if new_ts.state["network"] is not static.state:
+            T.tree_copy_(static.state, new_ts.state["network"])
+            new_ts = new_ts._replace(state={**new_ts.state, "network": static.state})
+        return new_ts, metrics
+
+    def __repr__(self) -> str:
+        return f"ReplayTrainStep(capture={self.capture!r}, cache={self.cache!r})"
+
+
+def describe_levels() -> Mapping[str, str]:
+    """One line per replay level (for the CLI and docs)."""
+    return {
+        "none": "eager: network, heads and losses as functional calls",
+        "network": "backbone+neck forward/backward replayed; heads and losses eager; explicit feature-gradient sum",
+        "step": "the whole step (network, heads, assignment, losses, optimizer, EMA) replayed as one graph",
+    }

@@ -1,0 +1,265 @@
+"""The eager training step: one network VJP, one VJP per head, explicit sum of feature gradients.
+
+Data flow (DESIGN.md §1)::
+
+    feats, net_pullback = vjp(network.apply, params.network)            # forward once
+    preds_h, head_pullback_h = vjp(head_h.apply, params.heads[h], feats)  # each head once
+    assignment = assign_from_detect(preds["detect"].detach(), targets)     # once, no gradient
+    g_preds_h, (loss_h, parts_h) = grad_and_value(head_h.loss)(preds_h)    # each loss on its own
+    g_params_h, g_feats_h = head_pullback_h(g_preds_h)
+    g_feats = sum_h g_feats_h                                              # explicit sum
+    g_network = net_pullback(g_feats)
+    updates, opt_state = tx.update(grads, opt_state, params, skip=~finite)
+    params = apply_updates(params, updates); ema = ema.update(...)
+
+Nothing here synchronises with the host: metrics stay on the device until
+:func:`yolo_func.train.metrics.fetch_metrics` reads them at a log step.
+
+Numerics: the network and heads run under autocast when ``autocast_dtype`` is given (BF16 on CUDA
+by default in :func:`make_train_step`); every loss runs in float32 on float32 copies of the head
+outputs (the gradient flows back through the cast), as the assignment does (trap T20).
+
+Non-finite policy: when the summed loss or the global gradient norm is not finite, the step is
+skipped on the device — the gradients of this micro-batch are replaced by zeros, the optimizer does
+not step (its state, the accumulation buffers and the parameters stay as they were), the BN
+statistics keep their previous values and the EMA does not move; ``TrainState.skipped`` counts it
+and ``metrics["finite"]`` is False. :func:`yolo_func.train.metrics.fetch_metrics` reports the step
+and the offending loss parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch.func import grad_and_value, vjp
+
+from yolo_func import tree as T
+from yolo_func._types import Assignment, Feats
+from yolo_func.assign.tal import assign_from_detect
+from yolo_func.models.yolov8 import Model
+from yolo_func.optim import apply_updates
+from yolo_func.train.state import Batch, TrainState
+
+__all__ = [
+    "autocast",
+    "network_vjp",
+    "head_vjp",
+    "loss_grad",
+    "heads_backward",
+    "finish_step",
+    "train_step",
+    "make_train_step",
+    "init_train_state",
+    "global_norm",
+]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast(device.type, dtype, cache_enabled=False)``, or a no-op when ``dtype`` is None.
+
+    The weight cache is off so eager and captured steps cast the same way (and capture is legal).
+    """
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=False)
+
+
+def global_norm(tree: Any) -> torch.Tensor:
+    """float32[] L2 norm over every leaf (fused per-leaf norms, one stack)."""
+    leaves = T.tree_leaves(tree)
+    if not leaves:
+        return torch.zeros(())
+    norms = torch._foreach_norm(leaves)
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *, autocast_dtype=None):
+    """Network forward with its pullback.
+
+    Args:
+      params, state: the ``network`` subtrees.
+      images: float[B, 3, H, W].
+
+    Returns:
+      ``(feats: Feats, pullback: Feats -> (g_params,), new_state)``.
+    """
+    def fn(p):
+        return model.features(p, state, images, train=True)
+
+    with autocast(images.device, autocast_dtype):
+        feats, pullback, new_state = vjp(fn, params, has_aux=True)
+    return feats, pullback, new_state
+
+
+def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=None):
+    """One head's forward with its pullback w.r.t. ``(params, feats)``.
+
+    Returns:
+      ``(preds, pullback: g_preds -> (g_params, g_feats), new_state)``.
+    """
+    def fn(p, f):
+        return head.apply(p, state, f, train=True)
+
+    with autocast(feats[0].device, autocast_dtype):
+        preds, pullback, new_state = vjp(fn, params, feats, has_aux=True)
+    return preds, pullback, new_state
+
+
+def loss_grad(head, preds: Any, targets: Any, assignment: Assignment):
+    """Gradient of one head's loss w.r.t. its own predictions; the loss runs in at least float32
+    (half-precision predictions are upcast inside the differentiated function).
+
+    Returns:
+      ``(g_preds (same tree and dtypes as preds), loss float[], parts dict of float[])``.
+    """
+    def fn(pr):
+        pr = T.tree_map(lambda x: x.float() if x.dtype in (torch.float16, torch.bfloat16) else x, pr)
+        loss, parts = head.loss(pr, targets, assignment)
+        return loss, parts
+
+    g_preds, (loss, parts) = grad_and_value(fn, has_aux=True)(preds)
+    return g_preds, loss, parts
+
+
+def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, feats: Feats, targets: Any, *,
+                   autocast_dtype=None, assign_kw: Mapping | None = None):
+    """Every head's forward, the shared assignment, every head's loss gradient and pullback.
+
+    Args:
+      head_params, head_states: ``params["heads"]``, ``state["heads"]``.
+      feats: the network outputs (plain tensors: leaves of the heads' VJPs).
+      targets: padded :class:`yolo_func.Targets`.
+
+    Returns:
+      ``(g_feats: Feats (explicit sum over heads), head_grads: {h: g_params_h},
+      head_states: {h: new_state_h}, losses: {h: float32[]}, parts: {"h/part": float32[]},
+      feat_grad_norms: {h: float32[]})``.
+    """
+    preds, pullbacks, new_states = {}, {}, {}
+    for name, head in model.heads.items():
+        preds[name], pullbacks[name], new_states[name] = head_vjp(
+            head, head_params[name], head_states[name], feats, autocast_dtype=autocast_dtype
+        )
+    anchors = model.anchors(feats)
+    assignment = assign_from_detect(preds["detect"], targets, anchors, reg_max=model.reg_max, **(assign_kw or {}))
+    g_feats, head_grads, losses, parts, norms = None, {}, {}, {}, {}
+    for name, head in model.heads.items():
+        g_preds, losses[name], head_parts = loss_grad(head, preds[name], targets, assignment)
+        head_grads[name], g_f = pullbacks[name](g_preds)
+        norms[name] = global_norm(g_f)
+        g_feats = g_f if g_feats is None else T.tree_add(g_feats, g_f)  # the explicit sum over heads
+        parts.update({f"{name}/{k}": v for k, v in head_parts.items()})
+    return Feats(*g_feats), head_grads, new_states, losses, parts, norms
+
+
+def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapping, parts: Mapping,
+                feat_norms: Mapping, *, tx, ema=None, skip_nonfinite: bool = True, apply=apply_updates,
+                old_model_state: dict | None = None):
+    """Optimizer, EMA, the non-finite guard and the metrics (shared by the eager and replay steps).
+
+    Args:
+      apply: ``apply_updates`` (pure) or ``apply_updates_`` (in place, for static buffers).
+      old_model_state: the BN statistics a skipped step keeps (default ``ts.state``; a replayed
+        network has already overwritten its static statistics, so it passes a backup).
+
+    Returns:
+      ``(TrainState, metrics)``; metrics are device tensors.
+    """
+    total = torch.stack([v.float() for v in losses.values()]).sum()
+    gnorm = global_norm(grads)
+    finite = torch.isfinite(total) & torch.isfinite(gnorm)
+    if skip_nonfinite:
+        grads = T.tree_map(lambda g: torch.where(finite, g, torch.zeros((), dtype=g.dtype, device=g.device)), grads)
+        old = ts.state if old_model_state is None else old_model_state
+        new_model_state = T.tree_where(finite, new_model_state, old)
+        updates, opt_state = tx.update(grads, ts.opt_state, ts.params, skip=~finite)
+    else:
+        updates, opt_state = tx.update(grads, ts.opt_state, ts.params)
+    params = apply(ts.params, updates)
+    stepped = getattr(opt_state, "stepped", None)
+    ema_state = ts.ema
+    if ema is not None:
+        ema_state = ema.update({"params": params, "state": new_model_state}, ts.ema, stepped=stepped)
+    metrics = {f"loss/{k}": v for k, v in parts.items()}
+    metrics.update({f"feat_grad_norm/{k}": v for k, v in feat_norms.items()})
+    # step: a copy, so a captured step's metric is not the carry buffer it later overwrites
+    metrics.update(loss=total, grad_norm=gnorm, finite=finite, step=ts.step.clone())
+    if stepped is not None:
+        metrics["stepped"] = stepped
+    new_ts = TrainState(params, new_model_state, opt_state, ema_state, ts.step + 1,
+                        ts.skipped + (~finite).to(ts.skipped.dtype))
+    return new_ts, metrics
+
+
+def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, autocast_dtype: torch.dtype | None = None,
+               skip_nonfinite: bool = True, assign_kw: Mapping | None = None) -> tuple[TrainState, dict]:
+    """One eager training step (pure: returns a new state, never writes the old one).
+
+    Args:
+      ts: :class:`TrainState`.
+      batch: ``Batch(images float[B, 3, H, W], targets)``.
+      model: the :class:`Model` whose params ``ts`` holds.
+      tx: a :class:`yolo_func.optim.GradientTransformation` accepting ``skip=`` (e.g. wrapped in
+        :func:`yolo_func.optim.multi_steps`).
+      ema: an :class:`yolo_func.optim.Ema` or None.
+      autocast_dtype: e.g. ``torch.bfloat16``; None runs in the params' dtype.
+      skip_nonfinite: apply the non-finite policy of this module's docstring.
+
+    Returns:
+      ``(new TrainState, metrics)``: metrics hold ``loss/<head>/<part>`` (the reference's loss
+      items), ``feat_grad_norm/<head>``, ``loss``, ``grad_norm``, ``finite``, ``stepped``, ``step``.
+    """
+    images = batch.images
+    feats, net_pullback, net_state = network_vjp(model, ts.params["network"], ts.state["network"], images,
+                                                 autocast_dtype=autocast_dtype)
+    g_feats, head_grads, head_states, losses, parts, norms = heads_backward(
+        model, ts.params["heads"], ts.state["heads"], feats, batch.targets, autocast_dtype=autocast_dtype, assign_kw=assign_kw
+    )
+    (g_network,) = net_pullback(g_feats)
+    grads = {"network": g_network, "heads": head_grads}
+    new_state = {"network": net_state, "heads": head_states}
+    return finish_step(ts, grads, new_state, losses, parts, norms, tx=tx, ema=ema, skip_nonfinite=skip_nonfinite)
+
+
+def init_train_state(model: Model, tx, gen: torch.Generator, *, device: torch.device | str = "cpu", ema=None,
+                     channels_last: bool | None = None, params: dict | None = None, state: dict | None = None) -> TrainState:
+    """Initialise (or wrap given) params and state, the optimizer state and the EMA on ``device``.
+
+    Args:
+      channels_last: lay 4-D parameters out NHWC; defaults to True on CUDA, False elsewhere.
+      params, state: start from these trees (e.g. converted reference weights) instead of ``init``.
+    """
+    device = torch.device(device)
+    if channels_last is None:
+        channels_last = device.type == "cuda"
+    if params is None or state is None:
+        params, state = model.init(gen)
+    params = T.tree_to(params, device, channels_last=channels_last)
+    state = T.tree_to(state, device)
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    ema_state = ema.init({"params": params, "state": state}) if ema is not None else None
+    return TrainState(params, state, tx.init(params), ema_state, zero, zero.clone())
+
+
+def make_train_step(model: Model, tx, *, ema=None, autocast_dtype: torch.dtype | None | str = "auto",
+                    skip_nonfinite: bool = True, channels_last: bool | None = None) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """Bind the static arguments of :func:`train_step`.
+
+    ``autocast_dtype="auto"`` means BF16 on CUDA and no autocast elsewhere. ``channels_last``
+    (default: on CUDA) converts the images to NHWC memory to match NHWC parameters.
+    """
+
+    def step(ts: TrainState, batch: Batch):
+        images = batch.images
+        dtype = autocast_dtype
+        if dtype == "auto":
+            dtype = torch.bfloat16 if images.device.type == "cuda" else None
+        cl = channels_last if channels_last is not None else images.device.type == "cuda"
+        if cl:
+            batch = Batch(images.contiguous(memory_format=torch.channels_last), batch.targets)
+        return train_step(ts, batch, model=model, tx=tx, ema=ema, autocast_dtype=dtype, skip_nonfinite=skip_nonfinite)
+
+    return step
