@@ -129,3 +129,23 @@ def test_cache_overflow_falls_back_with_one_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", CaptureFallbackWarning)  # once per reason
         ts, _ = step(ts, synthetic_batch("detect", 2, 160, seed=2, device="cuda"))
+
+
+@pytest.mark.parametrize("task", ["detect", "segment", "pose"])
+def test_eager_train_step_has_no_host_sync(task):
+    """The whole eager step — network and head VJPs, assignment, losses, the non-finite guard,
+    optimizer with accumulation, EMA — never waits for the device."""
+    model = yolov8("n", task=task)
+    e, tx = ema(), _tx(2)
+    ts = init_train_state(model, tx, torch.Generator().manual_seed(0), device="cuda", ema=e)
+    step = ReplayTrainStep(model, tx, ema=e, capture="none")
+    b = synthetic_batch(task, 4, SIZE, num_classes=model.num_classes, seed=3, device="cuda")
+    ts, _ = step(ts, b)  # warm-up: lazy initialisation may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            ts, m = step(ts, b)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert bool(m["finite"])
