@@ -94,7 +94,8 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Labels) 
       transforms: ``{label: tx}``.
       labels: a tree of labels with the structure of params, or a callable
         ``params -> labels tree`` (e.g. :func:`yolo_func.optim.yolo_param_labels`); a callable is
-        also applied to the updates tree in ``update`` (same structure and shapes).
+        also applied to the updates tree in ``update`` (same structure and shapes); its result is
+        memoised per tree structure and leaf ranks, so it must depend on paths and ranks only.
 
     Returns:
       A :class:`GradientTransformation` with :class:`PartitionState`. A label with no leaves gets
@@ -114,14 +115,25 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Labels) 
     if not isinstance(transforms, Mapping) or not transforms:
         raise TypeError(f"[yolo_func] partition(transforms) must be a non-empty dict {{label: tx}}, got {transforms!r}")
     transforms = dict(transforms)
+    # Labels are a function of the tree's paths and leaf ranks (yolo_param_labels is), so they are
+    # resolved once per (structure, ranks) instead of walking every path on every update.
+    memo: dict = {}
+
+    def resolve(tree: Any) -> tuple[list, list, Any]:
+        leaves, treedef = T.tree_flatten(tree)
+        key = (treedef, tuple(getattr(x, "ndim", -1) for x in leaves))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _resolve_labels(labels, tree, transforms)
+        return hit
 
     def init(params: Any) -> PartitionState:
-        paths, lab, _ = _resolve_labels(labels, params, transforms)
+        paths, lab, _ = resolve(params)
         leaves = T.tree_leaves(params)
         return PartitionState({k: tx.init(_split(paths, leaves, lab, k)) for k, tx in transforms.items()})
 
     def update(updates: Updates, state: PartitionState, params: Any = None, **extra) -> tuple[Updates, PartitionState]:
-        paths, lab, treedef = _resolve_labels(labels, updates, transforms)
+        paths, lab, treedef = resolve(updates)
         u_leaves = T.tree_leaves(updates)
         p_leaves = T.tree_leaves(params) if params is not None else None
         if p_leaves is not None and len(p_leaves) != len(u_leaves):

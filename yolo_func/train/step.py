@@ -172,7 +172,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     gnorm = global_norm(grads)
     finite = torch.isfinite(total) & torch.isfinite(gnorm)
     if skip_nonfinite:
-        grads = T.tree_map(lambda g: torch.where(finite, g, torch.zeros((), dtype=g.dtype, device=g.device)), grads)
+        grads = T.tree_map(lambda g: torch.where(finite, g, 0.0), grads)  # a scalar: no zeros tensor per leaf
         old = ts.state if old_model_state is None else old_model_state
         new_model_state = T.tree_where(finite, new_model_state, old)
         updates, opt_state = tx.update(grads, ts.opt_state, ts.params, skip=~finite)
