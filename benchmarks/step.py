@@ -10,7 +10,7 @@ hits them alike) and peak reserved memory (measured per variant in a separate pa
 cache). Variants:
 
 - ``eager``: :func:`yolo_func.train.train_step` (channels_last params and images).
-- ``network``, ``step``: :class:`yolo_func.train.replay.ReplayTrainStep` levels.
+- ``network``, ``network+heads``, ``step``: :class:`yolo_func.train.replay.ReplayTrainStep` levels.
 - ``floor``: our network + heads forward and backward as captured graphs with a trivial loss
   (sum of every head output): no assignment, no real loss, no optimizer.
 - ``ref_nchw``, ``ref_cl``: the reference package's model + criterion + ``torch.optim.SGD`` step
@@ -167,6 +167,7 @@ def main() -> int:
     builders = {
         "eager": lambda t, b: _ours(t, b, "none"),
         "network": lambda t, b: _ours(t, b, "network"),
+        "network+heads": lambda t, b: _ours(t, b, "network+heads"),
         "step": lambda t, b: _ours(t, b, "step"),
         "floor": _floor,
         "ref_nchw": lambda t, b: _reference(t, b, False),

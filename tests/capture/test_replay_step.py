@@ -56,7 +56,7 @@ def _deterministic():
 @pytest.mark.parametrize("task", ["detect", "segment", "pose"])
 @pytest.mark.parametrize("batch", [4, 16])
 @pytest.mark.parametrize("every", [1, 4])
-@pytest.mark.parametrize("capture", ["network", "step"])
+@pytest.mark.parametrize("capture", ["network", "network+heads", "step"])
 def test_replay_level_equals_eager(task, batch, every, capture):
     model = yolov8("n", task=task)
     e, tx = ema(), _tx(every)
@@ -76,7 +76,7 @@ def test_eager_is_deterministic():
         _assert_equal(a, b, "eager vs eager")
 
 
-@pytest.mark.parametrize("capture", ["network", "step"])
+@pytest.mark.parametrize("capture", ["network", "network+heads", "step"])
 def test_replay_after_checkpoint_resume(tmp_path, capture):
     model = yolov8("n", task="detect")
     e, tx = ema(), _tx(2)

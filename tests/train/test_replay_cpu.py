@@ -13,7 +13,7 @@ from yolo_func.train import init_train_state, train_step
 from yolo_func.train.replay import CaptureFallbackWarning, ReplayTrainStep
 
 
-@pytest.mark.parametrize("capture", ["network", "step"])
+@pytest.mark.parametrize("capture", ["network", "network+heads", "step"])
 def test_cpu_falls_back_to_eager_once_and_matches_it(capture):
     model = yolov8("n", task="detect", num_classes=3)
     tx = multi_steps(sgd(0.01, 0.9), every=1)
@@ -31,5 +31,5 @@ def test_cpu_falls_back_to_eager_once_and_matches_it(capture):
 
 
 def test_unknown_level_is_rejected():
-    with pytest.raises(ValueError, match=r"capture must be one of \['none', 'network', 'step'\]"):
+    with pytest.raises(ValueError, match=r"capture must be one of \['none', 'network', 'network\+heads', 'step'\]"):
         ReplayTrainStep(yolov8("n"), multi_steps(sgd(0.1), every=1), capture="heads")

@@ -7,6 +7,9 @@ Levels (``capture=``):
   replayed (:func:`yolo_func.capture.capture_vjp`); each head's apply and loss run eagerly as their
   own functional calls; the heads' feature gradients are summed explicitly and copied into the
   static cotangent buffers; one backward replay; the optimizer writes the static parameters in place.
+- ``"network+heads"``: as ``"network"``, and each head's apply forward/backward is replayed too,
+  as its own graph pair w.r.t. (head params, features) with a private pool, so every head keeps an
+  independent gradient; the assignment and the losses run eagerly.
 - ``"step"``: the whole eager step — network, heads, assignment, the static-shape losses, the
   explicit gradient sum, the non-finite guard, optimizer and EMA — replayed as one graph
   (:func:`yolo_func.capture.capture_step`), one capture per (batch shape, image size, target
@@ -20,7 +23,7 @@ Donation: replay steps keep the training state in static buffers and update them
 ``metrics`` of a ``"step"`` replay are static buffers too: fetch (or clone) them before the next call.
 
 Fallback: when capture cannot hold — the inputs are not on a CUDA device, a head is marked
-``capturable=False`` (for ``"step"``), or the bounded cache is full — the step runs eagerly and
+``capturable=False`` (for ``"network+heads"`` and ``"step"``), or the bounded cache is full — the step runs eagerly and
 one warning (``CaptureFallbackWarning``) names the reason, once per reason.
 """
 
@@ -42,7 +45,7 @@ from yolo_func.train.step import finish_step, heads_backward, train_step
 
 __all__ = ["LEVELS", "CaptureFallbackWarning", "ReplayTrainStep"]
 
-LEVELS = ("none", "network", "step")
+LEVELS = ("none", "network", "network+heads", "step")
 
 
 class CaptureFallbackWarning(UserWarning):
@@ -63,7 +66,7 @@ class ReplayTrainStep:
 
     Args:
       model, tx, ema: as :func:`yolo_func.train.train_step`.
-      capture: ``"none"``, ``"network"`` or ``"step"``.
+      capture: ``"none"``, ``"network"``, ``"network+heads"`` or ``"step"``.
       autocast_dtype: ``"auto"`` (BF16 on CUDA, none elsewhere), a dtype, or None.
       channels_last: NHWC images (default on CUDA; keep the params NHWC too, as
         :func:`init_train_state` does on CUDA).
@@ -116,7 +119,7 @@ class ReplayTrainStep:
         if batch.images.device.type != "cuda":
             self._fallback(f"the inputs are on {batch.images.device}, not a CUDA device")
             return self._eager(ts, batch)
-        if self.capture == "step":
+        if self.capture in ("step", "network+heads"):
             not_capturable = [n for n, h in self.model.heads.items() if not h.capturable]
             if not_capturable:
                 self._fallback(f"head(s) {not_capturable} are marked capturable=False")
@@ -168,21 +171,84 @@ class ReplayTrainStep:
                 T.tree_copy_(self._bn_backup, static.state)
             old_net_state = self._bn_backup
         feats, net_state = cap.forward(static.params, static.state, images)
-        g_feats, head_grads, head_states, losses, parts, norms = heads_backward(
-            model, ts.params["heads"], ts.state["heads"], Feats(*feats), batch.targets, autocast_dtype=dtype
-        )
+        if self.capture == "network+heads":
+            ts, heads_out = self._heads_replay(ts, Feats(*feats), batch.targets, dtype)
+            g_feats, head_grads, head_states, losses, parts, norms = heads_out
+        else:
+            g_feats, head_grads, head_states, losses, parts, norms = heads_backward(
+                model, ts.params["heads"], ts.state["heads"], Feats(*feats), batch.targets, autocast_dtype=dtype
+            )
         g_network = cap.backward(g_feats)
         grads = {"network": g_network, "heads": head_grads}
         new_state = {"network": net_state, "heads": head_states}
-        old_state = None if old_net_state is None else {"network": old_net_state, "heads": ts.state["heads"]}
+        old_state = None
+        if old_net_state is not None:
+            old_heads = self._head_backups if self.capture == "network+heads" else ts.state["heads"]
+            old_state = {"network": old_net_state, "heads": old_heads}
         new_ts, metrics = finish_step(ts, grads, new_state, losses, parts, norms, tx=self.tx, ema=self.ema,
                                       skip_nonfinite=self.skip_nonfinite, apply=apply_updates_,
                                       old_model_state=old_state)
-        # Keep the network's BN statistics in the static buffers (a skipped step restores them there).
+        # Keep the BN statistics in the static buffers (a skipped step restores them there).
         if new_ts.state["network"] is not static.state:
             T.tree_copy_(static.state, new_ts.state["network"])
             new_ts = new_ts._replace(state={**new_ts.state, "network": static.state})
+        if self.capture == "network+heads":
+            heads_state = dict(new_ts.state["heads"])
+            for name, hcap in self._head_caps.items():
+                if heads_state[name] is not hcap.static.state:
+                    T.tree_copy_(hcap.static.state, heads_state[name])
+                    heads_state[name] = hcap.static.state
+            new_ts = new_ts._replace(state={**new_ts.state, "heads": heads_state})
         return new_ts, metrics
+
+    def _heads_replay(self, ts: TrainState, feats: Feats, targets, dtype):
+        """Each head's forward/backward replayed w.r.t. ``{"params": head params, "feats": feats}``
+        (private pools: the heads' graphs interleave forward, forward, ..., backward, backward)."""
+        from yolo_func.assign.tal import assign_from_detect
+        from yolo_func.train.step import global_norm, loss_grad
+
+        model = self.model
+        if not hasattr(self, "_dummy"):
+            self._dummy = torch.zeros(1, device=feats[0].device)
+        self._head_caps, self._head_backups = {}, {}
+        params_h, state_h = dict(ts.params["heads"]), dict(ts.state["heads"])
+        preds = {}
+        for name, head in model.heads.items():
+            def fn(p2, s, x, head=head):
+                del x
+                return head.apply(p2["params"], s, p2["feats"], train=True)
+
+            key = ("head", name, tuple(tuple(f.shape) for f in feats), feats[0].dtype)
+            hcap = self.cache.get_or_capture(key, lambda: capture_vjp(
+                fn, {"params": params_h[name], "feats": feats}, state_h[name], self._dummy, warmup=self.warmup,
+                autocast_dtype=dtype))
+            st = hcap.static
+            if params_h[name] is not st.params["params"]:
+                T.tree_copy_(st.params["params"], params_h[name])
+                T.tree_copy_(st.state, state_h[name])
+                params_h[name], state_h[name] = st.params["params"], st.state
+            if self.skip_nonfinite:
+                old = self._head_backups_store.get(name) if hasattr(self, "_head_backups_store") else None
+                if old is None:
+                    self._head_backups_store = getattr(self, "_head_backups_store", {})
+                    old = self._head_backups_store[name] = T.tree_clone(st.state)
+                else:
+                    T.tree_copy_(old, st.state)
+                self._head_backups[name] = old
+            preds[name], _ = hcap.forward({"params": st.params["params"], "feats": feats}, st.state, self._dummy)
+            self._head_caps[name] = hcap
+        ts = ts._replace(params={**ts.params, "heads": params_h}, state={**ts.state, "heads": state_h})
+        assignment = assign_from_detect(preds["detect"], targets, model.anchors(feats), reg_max=model.reg_max)
+        g_feats, head_grads, losses, parts, norms, new_states = None, {}, {}, {}, {}, {}
+        for name, head in model.heads.items():
+            g_preds, losses[name], head_parts = loss_grad(head, preds[name], targets, assignment)
+            g = self._head_caps[name].backward(g_preds)
+            head_grads[name], g_f = g["params"], g["feats"]
+            norms[name] = global_norm(g_f)
+            g_feats = g_f if g_feats is None else T.tree_add(g_feats, g_f)
+            parts.update({f"{name}/{k}": v for k, v in head_parts.items()})
+            new_states[name] = self._head_caps[name].static.state
+        return ts, (Feats(*g_feats), head_grads, new_states, losses, parts, norms)
 
     def __repr__(self) -> str:
         return f"ReplayTrainStep(capture={self.capture!r}, cache={self.cache!r})"
@@ -193,5 +259,6 @@ def describe_levels() -> Mapping[str, str]:
     return {
         "none": "eager: network, heads and losses as functional calls",
         "network": "backbone+neck forward/backward replayed; heads and losses eager; explicit feature-gradient sum",
+        "network+heads": "network and each head's forward/backward replayed (own graphs); assignment and losses eager",
         "step": "the whole step (network, heads, assignment, losses, optimizer, EMA) replayed as one graph",
     }
