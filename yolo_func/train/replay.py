@@ -88,6 +88,10 @@ class ReplayTrainStep:
         self.cache = CaptureCache(max_captures)
         self._warned: set[str] = set()
         self._bn_backup = None
+        self._dummy = None
+        self._head_caps: dict = {}
+        self._head_backups: dict = {}
+        self._head_backup_buffers: dict = {}
 
     # -- helpers ---------------------------------------------------------------------------
     def _dtype(self, images: torch.Tensor):
@@ -208,7 +212,7 @@ class ReplayTrainStep:
         from yolo_func.train.step import global_norm, loss_grad
 
         model = self.model
-        if not hasattr(self, "_dummy"):
+        if self._dummy is None:  # capture_vjp needs an input tree; the heads read only p2["feats"]
             self._dummy = torch.zeros(1, device=feats[0].device)
         self._head_caps, self._head_backups = {}, {}
         params_h, state_h = dict(ts.params["heads"]), dict(ts.state["heads"])
@@ -227,14 +231,13 @@ class ReplayTrainStep:
                 T.tree_copy_(st.params["params"], params_h[name])
                 T.tree_copy_(st.state, state_h[name])
                 params_h[name], state_h[name] = st.params["params"], st.state
-            if self.skip_nonfinite:
-                old = self._head_backups_store.get(name) if hasattr(self, "_head_backups_store") else None
-                if old is None:
-                    self._head_backups_store = getattr(self, "_head_backups_store", {})
-                    old = self._head_backups_store[name] = T.tree_clone(st.state)
+            if self.skip_nonfinite:  # the replayed forward overwrites the static BN statistics
+                backup = self._head_backup_buffers.get(key)
+                if backup is None:
+                    backup = self._head_backup_buffers[key] = T.tree_clone(st.state)
                 else:
-                    T.tree_copy_(old, st.state)
-                self._head_backups[name] = old
+                    T.tree_copy_(backup, st.state)
+                self._head_backups[name] = backup
             preds[name], _ = hcap.forward({"params": st.params["params"], "feats": feats}, st.state, self._dummy)
             self._head_caps[name] = hcap
         ts = ts._replace(params={**ts.params, "heads": params_h}, state={**ts.state, "heads": state_h})
