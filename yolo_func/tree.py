@@ -214,7 +214,7 @@ def tree_static_like(tree: PyTree) -> PyTree:
 
     These are the static buffers a CUDA graph reads and writes; update them with :func:`tree_copy_`.
     """
-    return tree_map(lambda x: x.detach().clone(memory_format=torch.preserve_format), tree)
+    return tree_clone(tree)
 
 
 def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree) -> PyTree:

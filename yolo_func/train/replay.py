@@ -30,7 +30,6 @@ one warning (``CaptureFallbackWarning``) names the reason, once per reason.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,7 +40,8 @@ from yolo_func.capture import CaptureCache, CaptureUnavailable, capture_step, ca
 from yolo_func.models.yolov8 import Model
 from yolo_func.optim import apply_updates_
 from yolo_func.train.state import Batch, TrainState
-from yolo_func.train.step import finish_step, heads_backward, train_step
+from yolo_func.assign.tal import assign_from_detect
+from yolo_func.train.step import finish_step, global_norm, heads_backward, loss_grad, train_step
 
 __all__ = ["LEVELS", "CaptureFallbackWarning", "ReplayTrainStep"]
 
@@ -208,9 +208,6 @@ class ReplayTrainStep:
     def _heads_replay(self, ts: TrainState, feats: Feats, targets, dtype):
         """Each head's forward/backward replayed w.r.t. ``{"params": head params, "feats": feats}``
         (private pools: the heads' graphs interleave forward, forward, ..., backward, backward)."""
-        from yolo_func.assign.tal import assign_from_detect
-        from yolo_func.train.step import global_norm, loss_grad
-
         model = self.model
         if self._dummy is None:  # capture_vjp needs an input tree; the heads read only p2["feats"]
             self._dummy = torch.zeros(1, device=feats[0].device)
@@ -256,12 +253,3 @@ class ReplayTrainStep:
     def __repr__(self) -> str:
         return f"ReplayTrainStep(capture={self.capture!r}, cache={self.cache!r})"
 
-
-def describe_levels() -> Mapping[str, str]:
-    """One line per replay level (for the CLI and docs)."""
-    return {
-        "none": "eager: network, heads and losses as functional calls",
-        "network": "backbone+neck forward/backward replayed; heads and losses eager; explicit feature-gradient sum",
-        "network+heads": "network and each head's forward/backward replayed (own graphs); assignment and losses eager",
-        "step": "the whole step (network, heads, assignment, losses, optimizer, EMA) replayed as one graph",
-    }
