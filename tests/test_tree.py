@@ -118,3 +118,59 @@ def test_from_flat_dict_rejects_leaf_prefix_clash():
         T.tree_from_flat_dict({"a/b": 1, "a/b/c": 2})
     with pytest.raises(ValueError, match="both a leaf"):
         T.tree_from_flat_dict({"a/b/c": 2, "a/b": 1})
+
+
+_LAYOUTS = st.sampled_from(["contiguous", "channels_last", "transposed", "scalar"])
+
+
+def _leaf(layout: str, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if layout == "scalar":
+        x = torch.randn((), generator=g)
+    elif layout == "channels_last":
+        x = torch.randn(2, 3, 4, 5, generator=g).contiguous(memory_format=torch.channels_last)
+    elif layout == "transposed":  # dense but neither contiguous nor channels_last: the per-leaf path
+        x = torch.randn(4, 3, generator=g).t()
+    else:
+        x = torch.randn(3, 7, generator=g)
+    return x.to(dtype) if dtype != torch.bool else x > 0
+
+
+@given(st.lists(st.tuples(_LAYOUTS, st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bool])),
+                min_size=1, max_size=8), st.booleans(), st.integers(0, 1000))
+def test_where_equals_per_leaf_where_and_keeps_layouts(specs, flag, seed):
+    new = {f"k{i}": _leaf(lay, dt, seed + i) for i, (lay, dt) in enumerate(specs)}
+    old = {f"k{i}": _leaf(lay, dt, seed + 100 + i) for i, (lay, dt) in enumerate(specs)}
+    for k, v in new.items():  # NaN in the unchosen tree must not leak through
+        if v.is_floating_point() and v.dim() > 0:
+            (old[k] if flag else v)[(0,) * v.dim()] = float("nan")
+    f = torch.tensor(flag)
+    out = T.tree_where(f, new, old)
+    for k in new:
+        want = torch.where(f, new[k], old[k])
+        assert torch.equal(out[k], want)  # the NaN sits in the unchosen tree only
+        assert out[k].dtype == want.dtype and out[k].shape == want.shape
+        assert out[k].stride() == new[k].stride(), k  # each leaf keeps its layout
+
+
+@given(st.lists(st.tuples(_LAYOUTS, st.sampled_from([torch.float32, torch.float64])), min_size=1, max_size=6),
+       st.integers(0, 1000))
+def test_where_with_a_scalar_zeroes_a_non_finite_tree(specs, seed):
+    tree = [_leaf(lay, dt, seed + i) / 0.0 for i, (lay, dt) in enumerate(specs)]  # inf / nan everywhere
+    out = T.tree_where(torch.tensor(False), tree, 0.0)
+    for x, y in zip(tree, out):
+        assert torch.equal(y, torch.zeros_like(x)) and y.stride() == x.stride()
+    kept = T.tree_where(torch.tensor(True), tree, 0.0)
+    for x, y in zip(tree, kept):
+        assert torch.equal(x.nan_to_num(), y.nan_to_num())
+
+
+def test_foreach_copy_groups_mixed_dtypes():
+    dst = [torch.zeros(3), torch.zeros((), dtype=torch.int64), torch.zeros(2, dtype=torch.float64),
+           torch.zeros(2, 3, 4, 5).contiguous(memory_format=torch.channels_last), torch.zeros(2, dtype=torch.bool)]
+    src = [torch.arange(3.0), torch.tensor(7), torch.tensor([1.5, 2.5], dtype=torch.float64),
+           torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last), torch.tensor([True, False])]
+    ptrs = [d.data_ptr() for d in dst]
+    T.foreach_copy_(dst, src)
+    for d, s, p in zip(dst, src, ptrs):
+        assert torch.equal(d, s) and d.data_ptr() == p

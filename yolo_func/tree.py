@@ -39,7 +39,9 @@ __all__ = [
     "tree_to",
     "tree_static_like",
     "tree_copy_",
+    "foreach_copy_",
     "tree_clone",
+    "tree_clone_flat",
     "tree_diff",
     "tree_where",
 ]
@@ -217,11 +219,89 @@ def tree_static_like(tree: PyTree) -> PyTree:
     return tree_clone(tree)
 
 
-def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree) -> PyTree:
+def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float) -> PyTree:
     """Leaf-wise ``torch.where(flag, new, old)`` with a device ``bool[]`` flag: choose a whole tree
     on the device without a host sync (e.g. skip a non-finite step). NaN in the unchosen tree does
-    not leak through."""
-    return tree_map(lambda n, o: torch.where(flag, n, o), new, old)
+    not leak through.
+
+    ``old`` is a tree like ``new`` or a Python number (e.g. ``0.0`` to zero a tree). Dense leaves
+    of one dtype are selected together: concatenated into one flat buffer, one ``where``, split
+    back into views with each leaf's own strides (so a few kernels, not one per leaf). The values
+    are those of the per-leaf ``where`` (an elementwise select is layout independent).
+    """
+    n_leaves, treedef = tree_flatten(new)
+    if isinstance(old, (int, float, bool)):
+        o_leaves: list[Any] = [old] * len(n_leaves)
+    else:
+        o_leaves, o_def = tree_flatten(old)
+        if o_def != treedef:
+            raise ValueError("[yolo_func] tree_where: structures differ\n" + tree_diff(new, old, names=("new", "old")))
+    out: list[Any] = [None] * len(n_leaves)
+    flat_ok = [_flat_view(n) is not None and (not isinstance(o, torch.Tensor) or (
+        o.dtype == n.dtype and o.device == n.device and o.shape == n.shape and o.stride() == n.stride()))
+        for n, o in zip(n_leaves, o_leaves)]
+    for i, ok in enumerate(flat_ok):
+        if not ok:
+            out[i] = torch.where(flag, n_leaves[i], o_leaves[i])
+    for idx in _flat_groups(n_leaves, flat_ok):
+        o0 = o_leaves[idx[0]]
+        o_flat = o0 if not isinstance(o0, torch.Tensor) else torch.cat([_flat_view(o_leaves[i]) for i in idx])
+        chosen = torch.where(flag, torch.cat([_flat_view(n_leaves[i]) for i in idx]), o_flat)
+        _scatter_views(chosen, idx, n_leaves, out)
+    return tree_unflatten(treedef, out)
+
+
+def tree_clone_flat(tree: PyTree) -> PyTree:
+    """Like :func:`tree_clone` (detached copies, same shapes and strides), but the contiguous and
+    channels_last leaves of each dtype are copied by one concatenation and returned as views of
+    it: a couple of kernels instead of one copy per leaf (e.g. the BN statistics a training step
+    updates)."""
+    leaves, treedef = tree_flatten(tree)
+    ok = [_flat_view(x) is not None for x in leaves]
+    out: list[Any] = [None if k else x.detach().clone(memory_format=torch.preserve_format) for x, k in zip(leaves, ok)]
+    for idx in _flat_groups(leaves, ok):
+        with torch.no_grad():
+            flat = torch.cat([_flat_view(leaves[i]) for i in idx])
+        _scatter_views(flat, idx, leaves, out)
+    return tree_unflatten(treedef, out)
+
+
+def _flat_groups(leaves: list[Any], ok: list[bool]) -> list[list[int]]:
+    """Indices of the flattenable leaves, grouped by (dtype, device)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (x, k) in enumerate(zip(leaves, ok)):
+        if k:
+            groups.setdefault((x.dtype, x.device), []).append(i)
+    return list(groups.values())
+
+
+def _scatter_views(flat: torch.Tensor, idx: list[int], like: list[Any], out: list[Any]) -> None:
+    """``out[i]`` = the chunk of ``flat`` for leaf ``i``, viewed with ``like[i]``'s shape and strides."""
+    for i, chunk in zip(idx, flat.split([like[i].numel() for i in idx])):
+        out[i] = _unflat_view(chunk, like[i])
+
+
+def _flat_view(x: Any) -> torch.Tensor | None:
+    """A 1-D view of ``x`` in its memory order (contiguous, or 4-D channels_last), else None."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return None
+    if x.dim() == 1 and x.is_contiguous():
+        return x  # already flat: no view op (host time in an eager step)
+    if x.is_contiguous():
+        return x.view(-1)
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return x.permute(0, 2, 3, 1).reshape(-1)
+    return None
+
+
+def _unflat_view(chunk: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Invert :func:`_flat_view`: ``chunk`` viewed with ``like``'s shape and strides."""
+    if like.dim() == 1:
+        return chunk
+    if like.is_contiguous():
+        return chunk.view(like.shape)
+    n, c, h, w = like.shape
+    return chunk.view(n, h, w, c).permute(0, 3, 1, 2)
 
 
 def tree_clone(tree: PyTree) -> PyTree:
@@ -241,9 +321,22 @@ def tree_copy_(dst: PyTree, src: PyTree) -> PyTree:
     s_leaves, s_def = tree_flatten(src)
     if d_def != s_def:
         raise ValueError("[yolo_func] tree_copy_: structures differ\n" + tree_diff(dst, src, names=("dst", "src")))
-    if d_leaves:
-        torch._foreach_copy_(d_leaves, s_leaves)
+    foreach_copy_(d_leaves, s_leaves)
     return dst
+
+
+def foreach_copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for every i, as one multi-tensor copy per (dtype, device).
+
+    ``torch._foreach_copy_`` takes its fused path only when every tensor shares one dtype and
+    device; a mixed list (float parameters with int64 counters, say) would fall back to one copy
+    kernel per leaf.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, (d, s_) in enumerate(zip(dst, src)):
+        groups.setdefault((d.dtype, d.device, s_.dtype, s_.device), []).append(i)
+    for idx in groups.values():
+        torch._foreach_copy_([dst[i] for i in idx], [src[i] for i in idx])
 
 
 def tree_diff(a: PyTree, b: PyTree, *, names: tuple[str, str] = ("a", "b")) -> str:

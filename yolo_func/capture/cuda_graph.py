@@ -43,8 +43,9 @@ draws fresh numbers, as eager calls would.
 *Autocast.* With ``autocast_dtype`` the forward runs under ``torch.autocast("cuda", dtype,
 cache_enabled=False)`` in warm-up and capture: the autocast weight cache would otherwise hold a
 bf16 copy of the parameters made at capture time, and the replays would keep using it after the
-parameters change. The pullback runs outside autocast, as in the eager counterpart
-(``out, vjp_fn = vjp(...)`` under autocast; ``vjp_fn(ct)`` after it).
+parameters change. The pullback runs outside autocast and under ``torch.no_grad()`` (first order:
+native backward kernels), as in the eager counterpart (``out, vjp_fn = vjp(...)`` under autocast;
+``yolo_func.train.first_order(vjp_fn)(ct)`` after it).
 
 What invalidates a capture
 --------------------------
@@ -391,8 +392,7 @@ class _Binder:
             if not self._collect(tree, static_tree, treedef, leaves, specs, dst, src):
                 got = _signature_of_groups(dict(zip(self.static, trees)), self.autocast_dtype)
                 raise CaptureMismatch(self.signature, got, what=self.what, fields=self.fields)
-        if dst:
-            torch._foreach_copy_(dst, src)
+        T.foreach_copy_(dst, src)
         return len(dst)
 
 
@@ -652,7 +652,8 @@ def capture_vjp(
         with torch.cuda.stream(side):
             for _ in range(warmup):
                 out, vjp_fn, _ = run_forward()
-                vjp_fn(T.tree_map(torch.ones_like, out))
+                with torch.no_grad():  # first-order backward, as yolo_func.train.first_order
+                    vjp_fn(T.tree_map(torch.ones_like, out))
             del out, vjp_fn
         torch.cuda.current_stream(device).wait_stream(side)
         restore_state()
@@ -669,7 +670,7 @@ def capture_vjp(
             outputs, vjp_fn, new_state = run_forward()
         # Cotangent buffers live outside the pool: they are inputs, written by the caller.
         cotangents = T.tree_map(torch.zeros_like, outputs)
-        with torch.cuda.graph(g_bwd, pool=pool):
+        with torch.cuda.graph(g_bwd, pool=pool), torch.no_grad():
             (grads,) = vjp_fn(cotangents)
         restore_state()  # capture executes nothing, but keep the promise cheap and explicit
         del state_backup, gen_backup

@@ -104,7 +104,7 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
         out = list(e_leaves)
         if idx:
             ef = [e_leaves[i] for i in idx]
-            mf = [m_leaves[i].detach() for i in idx]
+            mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
             # One weight tensor per leaf (the list overload of foreach lerp takes device weights).
             cast = {}
             for x in ef:  # one cast per (dtype, device), not per leaf
@@ -112,7 +112,9 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
                 if key not in cast:
                     cast[key] = w.to(dtype=x.dtype, device=x.device)
             weights = [cast[(x.dtype, x.device)] for x in ef]
-            for i, x in zip(idx, torch._foreach_lerp(ef, mf, weights)):
+            with torch.no_grad():
+                lerped = torch._foreach_lerp(ef, mf, weights)
+            for i, x in zip(idx, lerped):
                 out[i] = x
         return EmaState(count=count, ema=T.tree_unflatten(treedef, out))
 

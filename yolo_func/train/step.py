@@ -5,7 +5,7 @@ Data flow (DESIGN.md §1)::
     feats, net_pullback = vjp(network.apply, params.network)            # forward once
     preds_h, head_pullback_h = vjp(head_h.apply, params.heads[h], feats)  # each head once
     assignment = assign_from_detect(preds["detect"].detach(), targets)     # once, no gradient
-    g_preds_h, (loss_h, parts_h) = grad_and_value(head_h.loss)(preds_h)    # each loss on its own
+    g_preds_h, loss_h, parts_h = loss_grad(head_h, preds_h, ...)            # each loss on its own
     g_params_h, g_feats_h = head_pullback_h(g_preds_h)
     g_feats = sum_h g_feats_h                                              # explicit sum
     g_network = net_pullback(g_feats)
@@ -34,17 +34,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch.func import grad_and_value, vjp
+from torch.func import vjp
 
 from yolo_func import tree as T
 from yolo_func._types import Assignment, Feats
 from yolo_func.assign.tal import assign_from_detect
 from yolo_func.models.yolov8 import Model
+from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates
 from yolo_func.train.state import Batch, TrainState
 
 __all__ = [
     "autocast",
+    "first_order",
     "network_vjp",
     "head_vjp",
     "loss_grad",
@@ -76,6 +78,19 @@ def global_norm(tree: Any) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
 
+def first_order(pullback: Callable) -> Callable:
+    """``pullback`` run under ``torch.no_grad()``: a torch.func pullback then skips building a graph
+    of the backward (``create_graph=False``) and autograd picks the native first-order backward
+    kernels (e.g. one ``silu_backward`` instead of its five-op differentiable decomposition), as
+    ``loss.backward()`` does. :func:`yolo_func.capture.capture_vjp` records its backward the same
+    way, so eager and replayed gradients stay bitwise equal."""
+    def run(*cotangents):
+        with torch.no_grad():
+            return pullback(*cotangents)
+
+    return run
+
+
 def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *, autocast_dtype=None):
     """Network forward with its pullback.
 
@@ -86,12 +101,17 @@ def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *
     Returns:
       ``(feats: Feats, pullback: Feats -> (g_params,), new_state)``.
     """
+    # BN statistics are updated in place on one flat copy of the state (a couple of kernels
+    # rather than two clones per BN layer); the caller's ``state`` is never written.
+    fresh = T.tree_clone_flat(state)
+
     def fn(p):
-        return model.features(p, state, images, train=True)
+        with update_stats_in_place():
+            return model.features(p, fresh, images, train=True)
 
     with autocast(images.device, autocast_dtype):
         feats, pullback, new_state = vjp(fn, params, has_aux=True)
-    return feats, pullback, new_state
+    return feats, first_order(pullback), new_state
 
 
 def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=None):
@@ -100,12 +120,15 @@ def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=No
     Returns:
       ``(preds, pullback: g_preds -> (g_params, g_feats), new_state)``.
     """
+    fresh = T.tree_clone_flat(state)  # updated in place by BN (see network_vjp)
+
     def fn(p, f):
-        return head.apply(p, state, f, train=True)
+        with update_stats_in_place():
+            return head.apply(p, fresh, f, train=True)
 
     with autocast(feats[0].device, autocast_dtype):
         preds, pullback, new_state = vjp(fn, params, feats, has_aux=True)
-    return preds, pullback, new_state
+    return preds, first_order(pullback), new_state
 
 
 def loss_grad(head, preds: Any, targets: Any, assignment: Assignment):
@@ -115,13 +138,30 @@ def loss_grad(head, preds: Any, targets: Any, assignment: Assignment):
     Returns:
       ``(g_preds (same tree and dtypes as preds), loss float[], parts dict of float[])``.
     """
-    def fn(pr):
-        pr = T.tree_map(lambda x: x.float() if x.dtype in (torch.float16, torch.bfloat16) else x, pr)
+    # A first-order reverse pass (torch.autograd.grad, create_graph=False) over fresh leaves: the
+    # same gradient as grad_and_value, without recording a graph of the backward (host time).
+    leaves, treedef = T.tree_flatten(preds)
+    with torch.enable_grad():
+        xs = [x.detach().requires_grad_(True) for x in leaves]
+        pr = T.tree_map(lambda x: x.float() if x.dtype in (torch.float16, torch.bfloat16) else x,
+                        T.tree_unflatten(treedef, xs))
         loss, parts = head.loss(pr, targets, assignment)
-        return loss, parts
-
-    g_preds, (loss, parts) = grad_and_value(fn, has_aux=True)(preds)
+    grads = torch.autograd.grad(loss, xs, allow_unused=True)
+    g_preds = T.tree_unflatten(treedef, [torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads)])
+    loss, parts = loss.detach(), {k: v.detach() for k, v in parts.items()}
+    # The head's backward sees each cotangent in its prediction's layout: a captured head replays
+    # its backward on cotangent buffers laid out like its outputs, and BN/conv backward kernels
+    # (and their reduction order) depend on the layout — e.g. the mask loss returns an NCHW
+    # gradient for NHWC prototypes. A stride check on the host; a copy only when they differ.
+    g_preds = T.tree_map(_like_layout, g_preds, preds)
     return g_preds, loss, parts
+
+
+def _like_layout(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``g`` with the strides of ``ref`` (same shape): ``g`` itself when they already match."""
+    if g.stride() == ref.stride():
+        return g
+    return torch.empty_like(ref, dtype=g.dtype).copy_(g)
 
 
 def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, feats: Feats, targets: Any, *,
@@ -172,7 +212,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     gnorm = global_norm(grads)
     finite = torch.isfinite(total) & torch.isfinite(gnorm)
     if skip_nonfinite:
-        grads = T.tree_map(lambda g: torch.where(finite, g, 0.0), grads)  # a scalar: no zeros tensor per leaf
+        grads = T.tree_where(finite, grads, 0.0)  # flat: a few kernels for the whole tree
         old = ts.state if old_model_state is None else old_model_state
         new_model_state = T.tree_where(finite, new_model_state, old)
         updates, opt_state = tx.update(grads, ts.opt_state, ts.params, skip=~finite)
