@@ -44,6 +44,7 @@ __all__ = [
     "tree_clone_flat",
     "tree_diff",
     "tree_where",
+    "flat_leafwise",
 ]
 
 #: optree namespace for any registered node types of this package.
@@ -236,19 +237,42 @@ def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float) -> PyTree:
         o_leaves, o_def = tree_flatten(old)
         if o_def != treedef:
             raise ValueError("[yolo_func] tree_where: structures differ\n" + tree_diff(new, old, names=("new", "old")))
-    out: list[Any] = [None] * len(n_leaves)
-    flat_ok = [_flat_view(n) is not None and (not isinstance(o, torch.Tensor) or (
-        o.dtype == n.dtype and o.device == n.device and o.shape == n.shape and o.stride() == n.stride()))
-        for n, o in zip(n_leaves, o_leaves)]
-    for i, ok in enumerate(flat_ok):
-        if not ok:
-            out[i] = torch.where(flag, n_leaves[i], o_leaves[i])
-    for idx in _flat_groups(n_leaves, flat_ok):
-        o0 = o_leaves[idx[0]]
-        o_flat = o0 if not isinstance(o0, torch.Tensor) else torch.cat([_flat_view(o_leaves[i]) for i in idx])
-        chosen = torch.where(flag, torch.cat([_flat_view(n_leaves[i]) for i in idx]), o_flat)
-        _scatter_views(chosen, idx, n_leaves, out)
-    return tree_unflatten(treedef, out)
+    if o_leaves and not isinstance(o_leaves[0], torch.Tensor):
+        value = o_leaves[0]
+        return tree_unflatten(treedef, flat_leafwise(lambda n: torch.where(flag, n, value), n_leaves))
+    return tree_unflatten(treedef, flat_leafwise(lambda n, o: torch.where(flag, n, o), n_leaves, o_leaves))
+
+
+def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[fn(*xs) for xs in zip(*lists)]`` for an *elementwise* ``fn``, in a few kernels.
+
+    Leaves that are contiguous or 4-D channels_last, and whose partners in the other lists have the
+    same shape, strides, dtype and device, are concatenated per (dtype, device) into one flat
+    buffer each; ``fn`` runs once per group and the results come back as views with each leaf's
+    own shape and strides. Other leaves get ``fn`` one by one. The values equal the per-leaf
+    results (an elementwise op does not depend on layout); one kernel replaces one per leaf
+    (host time in an eager step, launches in a captured one).
+
+    Args:
+      fn: elementwise, returning a tensor of its first argument's shape.
+      lists: equally long lists of tensors.
+
+    Returns:
+      list of tensors, one per position.
+    """
+    first = lists[0]
+    ok = [_flat_view(x) is not None and all(
+        isinstance(l[i], torch.Tensor) and l[i].shape == x.shape and l[i].stride() == x.stride()
+        and l[i].dtype == x.dtype and l[i].device == x.device for l in lists[1:])
+        for i, x in enumerate(first)]
+    out: list[Any] = [None] * len(first)
+    for i, k in enumerate(ok):
+        if not k:
+            out[i] = fn(*(l[i] for l in lists))
+    for idx in _flat_groups(first, ok):
+        flats = [torch.cat([_flat_view(l[i]) for i in idx]) for l in lists]
+        _scatter_views(fn(*flats), idx, first, out)
+    return out
 
 
 def tree_clone_flat(tree: PyTree) -> PyTree:

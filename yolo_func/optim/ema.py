@@ -105,15 +105,9 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
         if idx:
             ef = [e_leaves[i] for i in idx]
             mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
-            # One weight tensor per leaf (the list overload of foreach lerp takes device weights).
-            cast = {}
-            for x in ef:  # one cast per (dtype, device), not per leaf
-                key = (x.dtype, x.device)
-                if key not in cast:
-                    cast[key] = w.to(dtype=x.dtype, device=x.device)
-            weights = [cast[(x.dtype, x.device)] for x in ef]
-            with torch.no_grad():
-                lerped = torch._foreach_lerp(ef, mf, weights)
+            wc = w.to(dtype=ef[0].dtype, device=ef[0].device)
+            with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
+                lerped = T.flat_leafwise(lambda e, m: torch.lerp(e, m, wc.to(e.dtype)), ef, mf)
             for i, x in zip(idx, lerped):
                 out[i] = x
         return EmaState(count=count, ema=T.tree_unflatten(treedef, out))
