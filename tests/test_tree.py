@@ -137,15 +137,15 @@ def _leaf(layout: str, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 @given(st.lists(st.tuples(_LAYOUTS, st.sampled_from([torch.float32, torch.float64, torch.int64, torch.bool])),
-                min_size=1, max_size=8), st.booleans(), st.integers(0, 1000))
-def test_where_equals_per_leaf_where_and_keeps_layouts(specs, flag, seed):
+                min_size=1, max_size=8), st.booleans(), st.integers(0, 1000), st.booleans())
+def test_where_equals_per_leaf_where_and_keeps_layouts(specs, flag, seed, fused):
     new = {f"k{i}": _leaf(lay, dt, seed + i) for i, (lay, dt) in enumerate(specs)}
     old = {f"k{i}": _leaf(lay, dt, seed + 100 + i) for i, (lay, dt) in enumerate(specs)}
     for k, v in new.items():  # NaN in the unchosen tree must not leak through
         if v.is_floating_point() and v.dim() > 0:
             (old[k] if flag else v)[(0,) * v.dim()] = float("nan")
     f = torch.tensor(flag)
-    out = T.tree_where(f, new, old)
+    out = T.tree_where(f, new, old, fused=fused)
     for k in new:
         want = torch.where(f, new[k], old[k])
         assert torch.equal(out[k], want)  # the NaN sits in the unchosen tree only
@@ -154,13 +154,13 @@ def test_where_equals_per_leaf_where_and_keeps_layouts(specs, flag, seed):
 
 
 @given(st.lists(st.tuples(_LAYOUTS, st.sampled_from([torch.float32, torch.float64])), min_size=1, max_size=6),
-       st.integers(0, 1000))
-def test_where_with_a_scalar_zeroes_a_non_finite_tree(specs, seed):
+       st.integers(0, 1000), st.booleans())
+def test_where_with_a_scalar_zeroes_a_non_finite_tree(specs, seed, fused):
     tree = [_leaf(lay, dt, seed + i) / 0.0 for i, (lay, dt) in enumerate(specs)]  # inf / nan everywhere
-    out = T.tree_where(torch.tensor(False), tree, 0.0)
+    out = T.tree_where(torch.tensor(False), tree, 0.0, fused=fused)
     for x, y in zip(tree, out):
         assert torch.equal(y, torch.zeros_like(x)) and y.stride() == x.stride()
-    kept = T.tree_where(torch.tensor(True), tree, 0.0)
+    kept = T.tree_where(torch.tensor(True), tree, 0.0, fused=fused)
     for x, y in zip(tree, kept):
         assert torch.equal(x.nan_to_num(), y.nan_to_num())
 
@@ -174,3 +174,34 @@ def test_foreach_copy_groups_mixed_dtypes():
     T.foreach_copy_(dst, src)
     for d, s, p in zip(dst, src, ptrs):
         assert torch.equal(d, s) and d.data_ptr() == p
+
+
+@given(st.lists(st.tuples(_LAYOUTS, st.sampled_from([torch.float32, torch.float64, torch.int64])), min_size=1, max_size=8),
+       st.integers(0, 1000))
+def test_clone_flat_copies_values_and_layouts_into_fresh_memory(specs, seed):
+    tree = {f"k{i}": _leaf(lay, dt, seed + i) for i, (lay, dt) in enumerate(specs)}
+    for fused in (False, True):
+        out = T.tree_clone_flat(tree, fused=fused)
+        for k, x in tree.items():
+            y = out[k]
+            assert torch.equal(x, y) and y.stride() == x.stride() and y.dtype == x.dtype
+            assert y.data_ptr() != x.data_ptr()
+        y0 = out["k0"].clone()
+        tree["k0"].add_(1) if tree["k0"].dtype != torch.bool else None
+        assert torch.equal(out["k0"], y0)  # the copy does not alias its source
+
+
+@given(st.lists(_LAYOUTS, min_size=1, max_size=6), st.floats(0.0, 1.0), st.integers(0, 1000))
+def test_fused_lerp_equals_the_foreach_lerp(layouts, w, seed):
+    """The EMA's two paths (eager: foreach lerp over leaves; captured: one lerp per flat group)."""
+    e = [_leaf(lay, torch.float32, seed + i) for i, lay in enumerate(layouts)]
+    m = [_leaf(lay, torch.float32, seed + 50 + i) for i, lay in enumerate(layouts)]
+    wt = torch.tensor(w, dtype=torch.float32)
+    fused = T.flat_leafwise(lambda a, b: torch.lerp(a, b, wt), e, m, fused=True)
+    per_leaf = torch._foreach_lerp(e, m, [wt] * len(e))
+    for a, b, x in zip(fused, per_leaf, e):
+        assert torch.equal(a, b) and a.stride() == x.stride()
+
+
+def test_fuse_default_is_off_outside_capture():
+    assert T.fuse_default() is False

@@ -45,6 +45,7 @@ __all__ = [
     "tree_diff",
     "tree_where",
     "flat_leafwise",
+    "fuse_default",
 ]
 
 #: optree namespace for any registered node types of this package.
@@ -220,30 +221,45 @@ def tree_static_like(tree: PyTree) -> PyTree:
     return tree_clone(tree)
 
 
-def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float) -> PyTree:
+def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float, *, fused: bool | None = None) -> PyTree:
     """Leaf-wise ``torch.where(flag, new, old)`` with a device ``bool[]`` flag: choose a whole tree
     on the device without a host sync (e.g. skip a non-finite step). NaN in the unchosen tree does
     not leak through.
 
-    ``old`` is a tree like ``new`` or a Python number (e.g. ``0.0`` to zero a tree). Dense leaves
-    of one dtype are selected together: concatenated into one flat buffer, one ``where``, split
-    back into views with each leaf's own strides (so a few kernels, not one per leaf). The values
-    are those of the per-leaf ``where`` (an elementwise select is layout independent).
+    Args:
+      flag: bool[] on the leaves' device.
+      new: pytree of tensors.
+      old: a tree like ``new`` or a Python number (e.g. ``0.0`` to zero a tree).
+      fused: select the dense leaves of one dtype together (see :func:`flat_leafwise`); None means
+        "while a CUDA graph is being captured" (see :func:`fuse_default`). The values are the same
+        either way.
     """
     n_leaves, treedef = tree_flatten(new)
     if isinstance(old, (int, float, bool)):
-        o_leaves: list[Any] = [old] * len(n_leaves)
-    else:
-        o_leaves, o_def = tree_flatten(old)
-        if o_def != treedef:
-            raise ValueError("[yolo_func] tree_where: structures differ\n" + tree_diff(new, old, names=("new", "old")))
-    if o_leaves and not isinstance(o_leaves[0], torch.Tensor):
-        value = o_leaves[0]
-        return tree_unflatten(treedef, flat_leafwise(lambda n: torch.where(flag, n, value), n_leaves))
-    return tree_unflatten(treedef, flat_leafwise(lambda n, o: torch.where(flag, n, o), n_leaves, o_leaves))
+        value = old
+        return tree_unflatten(treedef, flat_leafwise(lambda n: torch.where(flag, n, value), n_leaves, fused=fused))
+    o_leaves, o_def = tree_flatten(old)
+    if o_def != treedef:
+        raise ValueError("[yolo_func] tree_where: structures differ\n" + tree_diff(new, old, names=("new", "old")))
+    return tree_unflatten(treedef, flat_leafwise(lambda n, o: torch.where(flag, n, o), n_leaves, o_leaves, fused=fused))
 
 
-def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -> list[torch.Tensor]:
+def fuse_default() -> bool:
+    """Whether tree helpers fuse per-leaf work into flat buffers by default: only while a CUDA graph
+    is being captured on the current stream.
+
+    In a graph, every per-leaf kernel is a launch on the GPU's critical path, so a few flat kernels
+    win; eagerly, the per-leaf path costs less host time than building flat views. Both paths give
+    bitwise-equal values (the fused ops are elementwise), so an eager step and its captured replay
+    still agree.
+    """
+    try:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # a CPU-only build
+        return False
+
+
+def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], fused: bool | None = None) -> list[torch.Tensor]:
     """``[fn(*xs) for xs in zip(*lists)]`` for an *elementwise* ``fn``, in a few kernels.
 
     Leaves that are contiguous or 4-D channels_last, and whose partners in the other lists have the
@@ -257,10 +273,14 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -
       fn: elementwise, returning a tensor of its first argument's shape.
       lists: equally long lists of tensors.
 
+      fused: False applies ``fn`` leaf by leaf; None means :func:`fuse_default`.
+
     Returns:
       list of tensors, one per position.
     """
     first = lists[0]
+    if not (fuse_default() if fused is None else fused):
+        return [fn(*xs) for xs in zip(*lists)]
     ok = [_flat_view(x) is not None and all(
         isinstance(l[i], torch.Tensor) and l[i].shape == x.shape and l[i].stride() == x.stride()
         and l[i].dtype == x.dtype and l[i].device == x.device for l in lists[1:])
@@ -275,11 +295,13 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -
     return out
 
 
-def tree_clone_flat(tree: PyTree) -> PyTree:
-    """Like :func:`tree_clone` (detached copies, same shapes and strides), but the contiguous and
-    channels_last leaves of each dtype are copied by one concatenation and returned as views of
-    it: a couple of kernels instead of one copy per leaf (e.g. the BN statistics a training step
-    updates)."""
+def tree_clone_flat(tree: PyTree, *, fused: bool | None = None) -> PyTree:
+    """Like :func:`tree_clone` (detached copies, same shapes and strides); when fused (default: while
+    capturing a CUDA graph, :func:`fuse_default`) the contiguous and channels_last leaves of each
+    dtype are copied by one concatenation and returned as views of it: a couple of kernels instead
+    of one copy per leaf (e.g. the BN statistics a training step updates)."""
+    if not (fuse_default() if fused is None else fused):
+        return tree_clone(tree)
     leaves, treedef = tree_flatten(tree)
     ok = [_flat_view(x) is not None for x in leaves]
     out: list[Any] = [None if k else x.detach().clone(memory_format=torch.preserve_format) for x, k in zip(leaves, ok)]

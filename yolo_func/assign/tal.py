@@ -24,17 +24,17 @@ __all__ = ["assign", "assign_from_detect"]
 def _in_box(anchor_px: torch.Tensor, gt_boxes: torch.Tensor, valid: torch.Tensor, enlarge_to: float,
             eps: float) -> torch.Tensor:
     """bool[B, M, A]: anchor centre strictly inside the (tiny-gt enlarged) target box."""
-    x1, y1, x2, y2 = gt_boxes.unbind(-1)  # [B, M]
-    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-    w, h = x2 - x1, y2 - y1
+    xy1, xy2 = gt_boxes[..., :2], gt_boxes[..., 2:]  # [B, M, 2]: x and y handled together
+    c = (xy1 + xy2) / 2
+    wh = xy2 - xy1
     # Width and height below the second stride are enlarged independently, keeping the centre,
     # and only for this test (8.4.190; the v8-era releases had no enlargement).
-    w = torch.where(valid & (w < enlarge_to), torch.full_like(w, enlarge_to), w)
-    h = torch.where(valid & (h < enlarge_to), torch.full_like(h, enlarge_to), h)
-    lt = torch.stack((cx - w / 2, cy - h / 2), -1)[:, :, None, :]  # [B, M, 1, 2]
-    rb = torch.stack((cx + w / 2, cy + h / 2), -1)[:, :, None, :]
-    deltas = torch.cat((anchor_px - lt, rb - anchor_px), -1)  # [B, M, A, 4]
-    return (deltas.amin(-1) > eps) & valid[:, :, None]
+    wh = torch.where(valid[..., None] & (wh < enlarge_to), enlarge_to, wh)
+    half = wh / 2
+    lt, rb = (c - half)[:, :, None, :], (c + half)[:, :, None, :]  # [B, M, 1, 2]
+    # min over the four margins (left, top, right, bottom), as pairs then over x/y
+    margin = torch.minimum(anchor_px - lt, rb - anchor_px).amin(-1)  # [B, M, A]
+    return (margin > eps) & valid[:, :, None]
 
 
 def _metrics(pred_scores, pred_boxes, anchor_px, targets, *, alpha, beta, eps, enlarge_to):
