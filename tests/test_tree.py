@@ -193,7 +193,7 @@ def test_clone_flat_copies_values_and_layouts_into_fresh_memory(specs, seed):
 
 @given(st.lists(_LAYOUTS, min_size=1, max_size=6), st.floats(0.0, 1.0), st.integers(0, 1000))
 def test_fused_lerp_equals_the_foreach_lerp(layouts, w, seed):
-    """The EMA's two paths (eager: foreach lerp over leaves; captured: one lerp per flat group)."""
+    """The fused EMA lerp (one lerp per flat group) equals the per-leaf foreach lerp."""
     e = [_leaf(lay, torch.float32, seed + i) for i, lay in enumerate(layouts)]
     m = [_leaf(lay, torch.float32, seed + 50 + i) for i, lay in enumerate(layouts)]
     wt = torch.tensor(w, dtype=torch.float32)
@@ -202,6 +202,3 @@ def test_fused_lerp_equals_the_foreach_lerp(layouts, w, seed):
     for a, b, x in zip(fused, per_leaf, e):
         assert torch.equal(a, b) and a.stride() == x.stride()
 
-
-def test_fuse_default_is_off_outside_capture():
-    assert T.fuse_default() is False

@@ -45,7 +45,6 @@ __all__ = [
     "tree_diff",
     "tree_where",
     "flat_leafwise",
-    "fuse_default",
 ]
 
 #: optree namespace for any registered node types of this package.
@@ -221,7 +220,7 @@ def tree_static_like(tree: PyTree) -> PyTree:
     return tree_clone(tree)
 
 
-def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float, *, fused: bool | None = None) -> PyTree:
+def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float, *, fused: bool = True) -> PyTree:
     """Leaf-wise ``torch.where(flag, new, old)`` with a device ``bool[]`` flag: choose a whole tree
     on the device without a host sync (e.g. skip a non-finite step). NaN in the unchosen tree does
     not leak through.
@@ -230,9 +229,9 @@ def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float, *, fused: b
       flag: bool[] on the leaves' device.
       new: pytree of tensors.
       old: a tree like ``new`` or a Python number (e.g. ``0.0`` to zero a tree).
-      fused: select the dense leaves of one dtype together (see :func:`flat_leafwise`); None means
-        "while a CUDA graph is being captured" (see :func:`fuse_default`). The values are the same
-        either way.
+      fused: select the dense leaves of one dtype together (see :func:`flat_leafwise`): a few
+        kernels instead of one per leaf, for some host time spent building flat views. The values
+        are the same either way.
     """
     n_leaves, treedef = tree_flatten(new)
     if isinstance(old, (int, float, bool)):
@@ -244,22 +243,7 @@ def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float, *, fused: b
     return tree_unflatten(treedef, flat_leafwise(lambda n, o: torch.where(flag, n, o), n_leaves, o_leaves, fused=fused))
 
 
-def fuse_default() -> bool:
-    """Whether tree helpers fuse per-leaf work into flat buffers by default: only while a CUDA graph
-    is being captured on the current stream.
-
-    In a graph, every per-leaf kernel is a launch on the GPU's critical path, so a few flat kernels
-    win; eagerly, the per-leaf path costs less host time than building flat views. Both paths give
-    bitwise-equal values (the fused ops are elementwise), so an eager step and its captured replay
-    still agree.
-    """
-    try:
-        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    except RuntimeError:  # a CPU-only build
-        return False
-
-
-def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], fused: bool | None = None) -> list[torch.Tensor]:
+def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], fused: bool = True) -> list[torch.Tensor]:
     """``[fn(*xs) for xs in zip(*lists)]`` for an *elementwise* ``fn``, in a few kernels.
 
     Leaves that are contiguous or 4-D channels_last, and whose partners in the other lists have the
@@ -273,13 +257,13 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], f
       fn: elementwise, returning a tensor of its first argument's shape.
       lists: equally long lists of tensors.
 
-      fused: False applies ``fn`` leaf by leaf; None means :func:`fuse_default`.
+      fused: False applies ``fn`` leaf by leaf (one kernel per leaf, less host work per leaf).
 
     Returns:
       list of tensors, one per position.
     """
     first = lists[0]
-    if not (fuse_default() if fused is None else fused):
+    if not fused:
         return [fn(*xs) for xs in zip(*lists)]
     ok = [_flat_view(x) is not None and all(
         isinstance(l[i], torch.Tensor) and l[i].shape == x.shape and l[i].stride() == x.stride()
@@ -295,12 +279,12 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], f
     return out
 
 
-def tree_clone_flat(tree: PyTree, *, fused: bool | None = None) -> PyTree:
-    """Like :func:`tree_clone` (detached copies, same shapes and strides); when fused (default: while
-    capturing a CUDA graph, :func:`fuse_default`) the contiguous and channels_last leaves of each
-    dtype are copied by one concatenation and returned as views of it: a couple of kernels instead
-    of one copy per leaf (e.g. the BN statistics a training step updates)."""
-    if not (fuse_default() if fused is None else fused):
+def tree_clone_flat(tree: PyTree, *, fused: bool = True) -> PyTree:
+    """Like :func:`tree_clone` (detached copies, same shapes and strides); when ``fused`` (default)
+    the contiguous and channels_last leaves of each dtype are copied by one concatenation and
+    returned as views of it: a couple of kernels instead of one copy per leaf (e.g. the BN
+    statistics a training step updates)."""
+    if not fused:
         return tree_clone(tree)
     leaves, treedef = tree_flatten(tree)
     ok = [_flat_view(x) is not None for x in leaves]

@@ -105,16 +105,9 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
         if idx:
             ef = [e_leaves[i] for i in idx]
             mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
-            with torch.no_grad():
-                if T.fuse_default():  # capturing a graph: one lerp per flat (dtype, device) group
-                    wc = w.to(dtype=ef[0].dtype, device=ef[0].device)
-                    lerped = T.flat_leafwise(lambda e, m: torch.lerp(e, m, wc.to(e.dtype)), ef, mf, fused=True)
-                else:  # eager: one host call (per-leaf kernels); the same values as the fused lerp
-                    cast: dict = {}
-                    for x in ef:  # one cast per (dtype, device), not per leaf
-                        if (x.dtype, x.device) not in cast:
-                            cast[(x.dtype, x.device)] = w.to(dtype=x.dtype, device=x.device)
-                    lerped = torch._foreach_lerp(ef, mf, [cast[(x.dtype, x.device)] for x in ef])
+            wc = w.to(dtype=ef[0].dtype, device=ef[0].device)
+            with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
+                lerped = T.flat_leafwise(lambda e, m: torch.lerp(e, m, wc.to(e.dtype)), ef, mf)
             for i, x in zip(idx, lerped):
                 out[i] = x
         return EmaState(count=count, ema=T.tree_unflatten(treedef, out))
