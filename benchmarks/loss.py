@@ -68,19 +68,26 @@ def make_batch(task, batch, size, device, seed=0):
     return dp, head, t, anchors, nc
 
 
-def time_task(task, batch, size, device, warmup, iters):
+def loss_step(task, batch, size, device):
+    """``(run, M)``: ``run()`` is one loss forward + backward (assignment included) on a fixed batch."""
     dp, head, t, anchors, nc = make_batch(task, batch, size, device)
     det = detect_loss(num_classes=nc)
     extra = segment_loss() if task == "segment" else pose_loss(kpt_shape=(17, 3)) if task == "pose" else None
     leaves = [*dp] + ([*head] if head is not None else [])
 
-    def step():
+    def run():
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
             a = assign_from_detect(dp, t, anchors)
             total = det(dp, t, a)[0]
             if extra is not None:
                 total = total + extra(head, t, a)[0]
         return torch.autograd.grad(total, leaves)
+
+    return run, int(t.boxes.shape[1])
+
+
+def time_task(task, batch, size, device, warmup, iters):
+    step, M = loss_step(task, batch, size, device)
 
     for _ in range(warmup):
         step()
@@ -96,7 +103,7 @@ def time_task(task, batch, size, device, warmup, iters):
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return {"task": task, "batch": batch, "M": int(t.boxes.shape[1]), "median_ms": statistics.median(times),
+    return {"task": task, "batch": batch, "M": M, "median_ms": statistics.median(times),
             "min_ms": min(times), "max_ms": max(times), "iters": iters, "warmup": warmup,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
 

@@ -32,28 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loss import make_batch  # noqa: E402
+from loss import loss_step  # noqa: E402
 from step import _floor, _ours  # noqa: E402
 
-from yolo_func.assign import assign_from_detect  # noqa: E402
-from yolo_func.losses import detect_loss, pose_loss, segment_loss  # noqa: E402
-
-
-def _loss_run(task, batch):
-    dp, head, t, anchors, nc = make_batch(task, batch, 640, "cuda")
-    det = detect_loss(num_classes=nc)
-    extra = segment_loss() if task == "segment" else pose_loss(kpt_shape=(17, 3)) if task == "pose" else None
-    leaves = [*dp] + ([*head] if head is not None else [])
-
-    def run():
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            a = assign_from_detect(dp, t, anchors)
-            total = det(dp, t, a)[0]
-            if extra is not None:
-                total = total + extra(head, t, a)[0]
-        return torch.autograd.grad(total, leaves)
-
-    return run
 
 
 def _union_ms(intervals):
@@ -116,7 +97,7 @@ def main() -> int:
         for batch in (int(b) for b in args.batches.split(",")):
             for variant in args.variants.split(","):
                 if variant == "loss":
-                    run = _loss_run(task, batch)
+                    run = loss_step(task, batch, 640, "cuda")[0]
                 elif variant == "floor":
                     run = _floor(task, batch)
                 else:

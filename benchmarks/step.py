@@ -140,7 +140,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", nargs="+", default=["detect", "segment", "pose"])
     ap.add_argument("--batches", nargs="+", type=int, default=[4, 16, 64])
-    ap.add_argument("--variants", nargs="+", default=["eager", "network", "step", "floor", "ref_nchw", "ref_cl"])
+    ap.add_argument("--variants", nargs="+", default=["eager", "network", "network+heads", "step", "floor", "ref_nchw", "ref_cl"])
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))

@@ -5,8 +5,9 @@ lists and NamedTuples, with ``torch.Tensor`` leaves. ``None`` is structure, not 
 default), so trees with optional fields still line up. Paths are ``"/"``-joined key paths such as
 ``"network/backbone/stem/conv/weight"``; they are what error messages and regexes see.
 
-Everything except :func:`tree_copy_` is pure. :func:`tree_copy_` is the one sanctioned in-place
-helper: it writes into static buffers (CUDA-graph capture, in-place optimizer updates).
+Everything except :func:`tree_copy_` (and its list form :func:`foreach_copy_`) is pure. They are
+the sanctioned in-place helpers: they write into static buffers (CUDA-graph capture, in-place
+optimizer updates).
 """
 
 from __future__ import annotations
