@@ -343,7 +343,12 @@ def scale_by_adamw(
 
 
 def global_norm(tree: Any) -> torch.Tensor:
-    """Total L2 norm of all leaves, computed as ``torch.nn.utils.clip_grad_norm_`` does.
+    """Total L2 norm of all leaves, computed as ``torch.nn.utils.clip_grad_norm_`` does (fused
+    per-leaf norms, then the norm of their stack).
+
+    Half-precision per-leaf norms (e.g. of BF16 feature gradients) are upcast to float32 before
+    the stack, so the total neither overflows nor depends on the leaves' mix of dtypes; float32
+    and float64 norms are used as they are.
 
     Args:
       tree: tree of float tensors.
@@ -355,6 +360,7 @@ def global_norm(tree: Any) -> torch.Tensor:
     if not leaves:
         return torch.zeros((), device=_device_of(tree))
     norms = torch._foreach_norm(leaves, 2.0)
+    norms = [n.float() if n.dtype in (torch.float16, torch.bfloat16) else n for n in norms]
     return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
 

@@ -41,7 +41,7 @@ from yolo_func._types import Assignment, Feats
 from yolo_func.assign.tal import assign_from_detect
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
-from yolo_func.optim import apply_updates
+from yolo_func.optim import apply_updates, global_norm
 from yolo_func.train.state import Batch, TrainState
 
 __all__ = [
@@ -68,15 +68,6 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype, cache_enabled=False)
-
-
-def global_norm(tree: Any) -> torch.Tensor:
-    """float32[] L2 norm over every leaf (fused per-leaf norms, one stack)."""
-    leaves = T.tree_leaves(tree)
-    if not leaves:
-        return torch.zeros(())
-    norms = torch._foreach_norm(leaves)
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
 
 
 def first_order(pullback: Callable) -> Callable:
