@@ -266,16 +266,20 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], f
     first = lists[0]
     if not fused:
         return [fn(*xs) for xs in zip(*lists)]
-    ok = [_flat_view(x) is not None and all(
-        isinstance(l[i], torch.Tensor) and l[i].shape == x.shape and l[i].stride() == x.stride()
-        and l[i].dtype == x.dtype and l[i].device == x.device for l in lists[1:])
-        for i, x in enumerate(first)]
+    # Host time matters here (it runs on every eager step): each leaf's flat view is built once.
+    views = [_flat_view(x) for x in first]
+    for other in lists[1:]:
+        for i, (v, x, y) in enumerate(zip(views, first, other)):
+            if v is not None and not (isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.stride() == x.stride()
+                                      and y.shape == x.shape and y.get_device() == x.get_device()):
+                views[i] = None
     out: list[Any] = [None] * len(first)
-    for i, k in enumerate(ok):
-        if not k:
+    for i, v in enumerate(views):
+        if v is None:
             out[i] = fn(*(l[i] for l in lists))
-    for idx in _flat_groups(first, ok):
-        flats = [torch.cat([_flat_view(l[i]) for i in idx]) for l in lists]
+    for idx in _flat_groups(first, [v is not None for v in views]):
+        flats = [torch.cat([views[i] for i in idx])]
+        flats += [torch.cat([_flat_view(l[i]) for i in idx]) for l in lists[1:]]
         _scatter_views(fn(*flats), idx, first, out)
     return out
 
