@@ -236,8 +236,7 @@ def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float, *, fused: b
     """
     n_leaves, treedef = tree_flatten(new)
     if isinstance(old, (int, float, bool)):
-        value = old
-        return tree_unflatten(treedef, flat_leafwise(lambda n: torch.where(flag, n, value), n_leaves, fused=fused))
+        return tree_unflatten(treedef, flat_leafwise(lambda n: torch.where(flag, n, old), n_leaves, fused=fused))
     o_leaves, o_def = tree_flatten(old)
     if o_def != treedef:
         raise ValueError("[yolo_func] tree_where: structures differ\n" + tree_diff(new, old, names=("new", "old")))
@@ -257,7 +256,6 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], f
     Args:
       fn: elementwise, returning a tensor of its first argument's shape.
       lists: equally long lists of tensors.
-
       fused: False applies ``fn`` leaf by leaf (one kernel per leaf, less host work per leaf).
 
     Returns:
@@ -277,7 +275,7 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], f
     for i, v in enumerate(views):
         if v is None:
             out[i] = fn(*(l[i] for l in lists))
-    for idx in _flat_groups(first, [v is not None for v in views]):
+    for idx in _flat_groups(first, views):
         flats = [torch.cat([views[i] for i in idx])]
         flats += [torch.cat([_flat_view(l[i]) for i in idx]) for l in lists[1:]]
         _scatter_views(fn(*flats), idx, first, out)
@@ -292,20 +290,21 @@ def tree_clone_flat(tree: PyTree, *, fused: bool = True) -> PyTree:
     if not fused:
         return tree_clone(tree)
     leaves, treedef = tree_flatten(tree)
-    ok = [_flat_view(x) is not None for x in leaves]
-    out: list[Any] = [None if k else x.detach().clone(memory_format=torch.preserve_format) for x, k in zip(leaves, ok)]
-    for idx in _flat_groups(leaves, ok):
+    views = [_flat_view(x) for x in leaves]
+    out: list[Any] = [x.detach().clone(memory_format=torch.preserve_format) if v is None else None
+                      for x, v in zip(leaves, views)]
+    for idx in _flat_groups(leaves, views):
         with torch.no_grad():
-            flat = torch.cat([_flat_view(leaves[i]) for i in idx])
+            flat = torch.cat([views[i] for i in idx])
         _scatter_views(flat, idx, leaves, out)
     return tree_unflatten(treedef, out)
 
 
-def _flat_groups(leaves: list[Any], ok: list[bool]) -> list[list[int]]:
-    """Indices of the flattenable leaves, grouped by (dtype, device)."""
+def _flat_groups(leaves: list[Any], views: list[torch.Tensor | None]) -> list[list[int]]:
+    """Indices of the leaves that have a flat view, grouped by (dtype, device)."""
     groups: dict[tuple, list[int]] = {}
-    for i, (x, k) in enumerate(zip(leaves, ok)):
-        if k:
+    for i, (x, v) in enumerate(zip(leaves, views)):
+        if v is not None:
             groups.setdefault((x.dtype, x.device), []).append(i)
     return list(groups.values())
 

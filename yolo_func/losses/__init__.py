@@ -7,6 +7,7 @@ from yolo_func.losses.dfl import dfl_expectation, dfl_loss
 from yolo_func.losses.heads import LossFn, LossGains, detect_loss, pose_loss, segment_loss
 from yolo_func.losses.keypoint import COCO_SIGMAS, keypoint_losses, keypoint_sigmas
 from yolo_func.losses.mask import gather_positive_slots, mask_loss
+from yolo_func.losses.precision import at_least_f32
 
 __all__ = [
     "dist2bbox",
@@ -25,4 +26,5 @@ __all__ = [
     "detect_loss",
     "segment_loss",
     "pose_loss",
+    "at_least_f32",
 ]

@@ -29,17 +29,12 @@ from yolo_func.losses.cls import cls_loss
 from yolo_func.losses.dfl import dfl_expectation, dfl_loss
 from yolo_func.losses.keypoint import keypoint_losses, keypoint_sigmas
 from yolo_func.losses.mask import mask_loss
+from yolo_func.losses.precision import at_least_f32
 
 __all__ = ["LossGains", "detect_loss", "segment_loss", "pose_loss", "LossFn"]
 
 #: ``(preds, targets, assignment) -> (scalar float[], parts dict[str, float[]])``.
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-def at_least_f32(x: torch.Tensor) -> torch.Tensor:
-    """Upcast half-precision predictions to float32; float32 and float64 pass through unchanged
-    (so a float64 model gets a float64 loss, e.g. for tight parity tests)."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 class LossGains(NamedTuple):

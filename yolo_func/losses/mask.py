@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from yolo_func.losses.precision import at_least_f32
+
 __all__ = ["gather_positive_slots", "crop_bounds", "mask_loss"]
 
 
@@ -95,7 +97,7 @@ def mask_loss(
     slot_gt = gt_idx.gather(1, idx)
     c = coeffs.gather(1, idx[..., None].expand(B, S, NM))
     logits = torch.bmm(c, protos.reshape(B, NM, hm * wm).to(c.dtype)).reshape(B, S, hm, wm)
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    logits = at_least_f32(logits)
     if masks.ndim == 3:  # overlap map: value j + 1 marks slot j
         gt = masks[:, None] == (slot_gt + 1)[:, :, None, None]
         # BCEWithLogits for a binary target in its stable form softplus(+-P).

@@ -105,9 +105,8 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
         if idx:
             ef = [e_leaves[i] for i in idx]
             mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
-            wc = w.to(dtype=ef[0].dtype, device=ef[0].device)
             with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
-                lerped = T.flat_leafwise(lambda e, m: torch.lerp(e, m, wc.to(e.dtype)), ef, mf)
+                lerped = T.flat_leafwise(lambda e, m: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device)), ef, mf)
             for i, x in zip(idx, lerped):
                 out[i] = x
         return EmaState(count=count, ema=T.tree_unflatten(treedef, out))

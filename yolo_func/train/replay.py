@@ -29,6 +29,7 @@ one warning (``CaptureFallbackWarning``) names the reason, once per reason.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -40,8 +41,7 @@ from yolo_func.capture import CaptureCache, CaptureUnavailable, capture_step, ca
 from yolo_func.models.yolov8 import Model
 from yolo_func.optim import apply_updates_
 from yolo_func.train.state import Batch, TrainState
-from yolo_func.assign.tal import assign_from_detect
-from yolo_func.train.step import finish_step, global_norm, heads_backward, loss_grad, train_step
+from yolo_func.train.step import finish_step, heads_backward, losses_backward, train_step
 
 __all__ = ["LEVELS", "CaptureFallbackWarning", "ReplayTrainStep"]
 
@@ -87,11 +87,10 @@ class ReplayTrainStep:
         self.skip_nonfinite, self.warmup = skip_nonfinite, warmup
         self.cache = CaptureCache(max_captures)
         self._warned: set[str] = set()
-        self._bn_backup = None
         self._dummy = None
         self._head_caps: dict = {}
         self._head_backups: dict = {}
-        self._head_backup_buffers: dict = {}
+        self._backups: dict = {}  # key -> (static tree, its snapshot buffers); see _snapshot
 
     # -- helpers ---------------------------------------------------------------------------
     def _dtype(self, images: torch.Tensor):
@@ -169,11 +168,7 @@ class ReplayTrainStep:
         old_net_state = None
         if self.skip_nonfinite:
             # The replayed forward overwrites the static BN statistics; keep a copy for a skipped step.
-            if self._bn_backup is None or T.tree_structure(self._bn_backup) != T.tree_structure(static.state):
-                self._bn_backup = T.tree_clone(static.state)
-            else:
-                T.tree_copy_(self._bn_backup, static.state)
-            old_net_state = self._bn_backup
+            old_net_state = self._snapshot("network", static.state)
         feats, net_state = cap.forward(static.params, static.state, images)
         if self.capture == "network+heads":
             ts, heads_out = self._heads_replay(ts, Feats(*feats), batch.targets, dtype)
@@ -205,6 +200,16 @@ class ReplayTrainStep:
             new_ts = new_ts._replace(state={**new_ts.state, "heads": heads_state})
         return new_ts, metrics
 
+    def _snapshot(self, key, tree):
+        """A copy of ``tree`` (static BN statistics a replayed forward is about to overwrite), in
+        buffers allocated once per static tree and refreshed in place on later calls."""
+        entry = self._backups.get(key)
+        if entry is None or entry[0] is not tree:
+            entry = self._backups[key] = (tree, T.tree_clone(tree))
+        else:
+            T.tree_copy_(entry[1], tree)
+        return entry[1]
+
     def _heads_replay(self, ts: TrainState, feats: Feats, targets, dtype):
         """Each head's forward/backward replayed w.r.t. ``{"params": head params, "feats": feats}``
         (private pools: the heads' graphs interleave forward, forward, ..., backward, backward)."""
@@ -229,27 +234,21 @@ class ReplayTrainStep:
                 T.tree_copy_(st.state, state_h[name])
                 params_h[name], state_h[name] = st.params["params"], st.state
             if self.skip_nonfinite:  # the replayed forward overwrites the static BN statistics
-                backup = self._head_backup_buffers.get(key)
-                if backup is None:
-                    backup = self._head_backup_buffers[key] = T.tree_clone(st.state)
-                else:
-                    T.tree_copy_(backup, st.state)
-                self._head_backups[name] = backup
+                self._head_backups[name] = self._snapshot(("head", name), st.state)
             preds[name], _ = hcap.forward({"params": st.params["params"], "feats": feats}, st.state, self._dummy)
             self._head_caps[name] = hcap
         ts = ts._replace(params={**ts.params, "heads": params_h}, state={**ts.state, "heads": state_h})
-        assignment = assign_from_detect(preds["detect"], targets, model.anchors(feats), reg_max=model.reg_max)
-        g_feats, head_grads, losses, parts, norms, new_states = None, {}, {}, {}, {}, {}
-        for name, head in model.heads.items():
-            g_preds, losses[name], head_parts = loss_grad(head, preds[name], targets, assignment)
-            g = self._head_caps[name].backward(g_preds)
-            head_grads[name], g_f = g["params"], g["feats"]
-            norms[name] = global_norm(g_f)
-            g_feats = g_f if g_feats is None else T.tree_add(g_feats, g_f)
-            parts.update({f"{name}/{k}": v for k, v in head_parts.items()})
-            new_states[name] = self._head_caps[name].static.state
-        return ts, (Feats(*g_feats), head_grads, new_states, losses, parts, norms)
+        pullbacks = {name: functools.partial(_param_feat_grads, hcap) for name, hcap in self._head_caps.items()}
+        g_feats, head_grads, losses, parts, norms = losses_backward(model, feats, preds, pullbacks, targets)
+        new_states = {name: hcap.static.state for name, hcap in self._head_caps.items()}
+        return ts, (g_feats, head_grads, new_states, losses, parts, norms)
 
     def __repr__(self) -> str:
         return f"ReplayTrainStep(capture={self.capture!r}, cache={self.cache!r})"
+
+
+def _param_feat_grads(hcap, g_preds):
+    """A captured head's pullback in the eager form ``g_preds -> (g_params, g_feats)``."""
+    g = hcap.backward(g_preds)
+    return g["params"], g["feats"]
 

@@ -39,6 +39,7 @@ from torch.func import vjp
 from yolo_func import tree as T
 from yolo_func._types import Assignment, Feats
 from yolo_func.assign.tal import assign_from_detect
+from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates, global_norm
@@ -52,6 +53,7 @@ __all__ = [
     "head_vjp",
     "loss_grad",
     "heads_backward",
+    "losses_backward",
     "finish_step",
     "train_step",
     "make_train_step",
@@ -123,6 +125,24 @@ def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
             T.tree_unflatten(box["aux_def"], list(aux_leaves)))
 
 
+def _stateful_vjp(apply: Callable[..., tuple[Any, Any]], state: Any, primals: tuple, device: torch.device,
+                  autocast_dtype):
+    """``apply(*primals, state) -> (outputs, new_state)`` through :func:`flat_vjp`, first order.
+
+    BN statistics are updated in place on a flat copy of ``state`` (a couple of kernels rather
+    than two clones per BN layer); the caller's ``state`` is never written.
+    """
+    fresh = T.tree_clone_flat(state)
+
+    def fn(*p):
+        with update_stats_in_place():
+            return apply(*p, fresh)
+
+    with autocast(device, autocast_dtype):
+        out, pullback, new_state = flat_vjp(fn, *primals)
+    return out, first_order(pullback), new_state
+
+
 def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *, autocast_dtype=None):
     """Network forward with its pullback.
 
@@ -133,17 +153,8 @@ def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *
     Returns:
       ``(feats: Feats, pullback: Feats -> (g_params,), new_state)``.
     """
-    # BN statistics are updated in place on one flat copy of the state (a couple of kernels
-    # rather than two clones per BN layer); the caller's ``state`` is never written.
-    fresh = T.tree_clone_flat(state)
-
-    def fn(p):
-        with update_stats_in_place():
-            return model.features(p, fresh, images, train=True)
-
-    with autocast(images.device, autocast_dtype):
-        feats, pullback, new_state = flat_vjp(fn, params)
-    return feats, first_order(pullback), new_state
+    return _stateful_vjp(lambda p, s: model.features(p, s, images, train=True), state, (params,),
+                         images.device, autocast_dtype)
 
 
 def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=None):
@@ -152,15 +163,8 @@ def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=No
     Returns:
       ``(preds, pullback: g_preds -> (g_params, g_feats), new_state)``.
     """
-    fresh = T.tree_clone_flat(state)  # updated in place by BN (see network_vjp)
-
-    def fn(p, f):
-        with update_stats_in_place():
-            return head.apply(p, fresh, f, train=True)
-
-    with autocast(feats[0].device, autocast_dtype):
-        preds, pullback, new_state = flat_vjp(fn, params, feats)
-    return preds, first_order(pullback), new_state
+    return _stateful_vjp(lambda p, f, s: head.apply(p, s, f, train=True), state, (params, feats),
+                         feats[0].device, autocast_dtype)
 
 
 def loss_grad(head, preds: Any, targets: Any, assignment: Assignment):
@@ -175,8 +179,7 @@ def loss_grad(head, preds: Any, targets: Any, assignment: Assignment):
     leaves, treedef = T.tree_flatten(preds)
     with torch.enable_grad():
         xs = [x.detach().requires_grad_(True) for x in leaves]
-        pr = T.tree_map(lambda x: x.float() if x.dtype in (torch.float16, torch.bfloat16) else x,
-                        T.tree_unflatten(treedef, xs))
+        pr = T.tree_map(at_least_f32, T.tree_unflatten(treedef, xs))
         loss, parts = head.loss(pr, targets, assignment)
     grads = torch.autograd.grad(loss, xs, allow_unused=True)
     g_preds = T.tree_unflatten(treedef, [torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads)])
@@ -215,8 +218,28 @@ def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, fea
         preds[name], pullbacks[name], new_states[name] = head_vjp(
             head, head_params[name], head_states[name], feats, autocast_dtype=autocast_dtype
         )
-    anchors = model.anchors(feats)
-    assignment = assign_from_detect(preds["detect"], targets, anchors, reg_max=model.reg_max, **(assign_kw or {}))
+    g_feats, head_grads, losses, parts, norms = losses_backward(model, feats, preds, pullbacks, targets,
+                                                               assign_kw=assign_kw)
+    return g_feats, head_grads, new_states, losses, parts, norms
+
+
+def losses_backward(model: Model, feats: Feats, preds: Mapping, pullbacks: Mapping, targets: Any, *,
+                    assign_kw: Mapping | None = None):
+    """The shared assignment, then each head's loss gradient through that head's own pullback, and
+    the explicit sum of the feature gradients (eager heads and replayed heads alike).
+
+    Args:
+      feats: the network outputs (for the anchors).
+      preds: ``{h: head h's predictions}``.
+      pullbacks: ``{h: g_preds -> (g_params_h, g_feats_h)}``.
+      targets: padded :class:`yolo_func.Targets`.
+
+    Returns:
+      ``(g_feats: Feats, head_grads: {h: g_params_h}, losses: {h: float32[]},
+      parts: {"h/part": float32[]}, feat_grad_norms: {h: float32[]})``.
+    """
+    assignment = assign_from_detect(preds["detect"], targets, model.anchors(feats), reg_max=model.reg_max,
+                                    **(assign_kw or {}))
     g_feats, head_grads, losses, parts, norms = None, {}, {}, {}, {}
     for name, head in model.heads.items():
         g_preds, losses[name], head_parts = loss_grad(head, preds[name], targets, assignment)
@@ -224,7 +247,7 @@ def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, fea
         norms[name] = global_norm(g_f)
         g_feats = g_f if g_feats is None else T.tree_add(g_feats, g_f)  # the explicit sum over heads
         parts.update({f"{name}/{k}": v for k, v in head_parts.items()})
-    return Feats(*g_feats), head_grads, new_states, losses, parts, norms
+    return Feats(*g_feats), head_grads, losses, parts, norms
 
 
 def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapping, parts: Mapping,

@@ -1,0 +1,20 @@
+"""The losses' precision rule: half-precision inputs are upcast, float32/float64 pass through."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["at_least_f32"]
+
+
+def at_least_f32(x: torch.Tensor) -> torch.Tensor:
+    """Upcast half-precision predictions to float32; float32 and float64 pass through unchanged
+    (so a float64 model gets a float64 loss, e.g. for tight parity tests).
+
+    Args:
+      x: float[...] of any floating dtype.
+
+    Returns:
+      float[...] in float32 (from float16 / bfloat16) or ``x`` itself.
+    """
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
