@@ -5,9 +5,16 @@
 640 px (A = 8400, masks 160x160), batch 4 / 16 / 64, 8-20 targets per image (M bucketed), head
 outputs produced under BF16 autocast as in a training step (the losses compute in float32),
 CUDA events, >= 10 warm-up iterations, median of >= 30. Writes ``loss_<date>.json`` with the
-command, GPU, torch version, date and per-(task, batch) medians. Targets (issue 3): segment
+command, GPU, torch version, date and per-(task, batch, mode) medians. Targets (issue 3): segment
 <= 8 / 15 / 35 ms at batch 4 / 16 / 64 (it includes the detect loss, as the segmentation
 criterion does), detect and pose <= 6 ms at batch 4.
+
+Two modes (``--modes eager,graph``):
+
+- ``eager``: the loss called from Python as a training script would, op by op;
+- ``graph``: the same function recorded once as a CUDA graph and replayed, which is how the loss
+  runs inside ``capture="step"`` (static shapes, no host sync, so it can be captured). At small
+  batches the eager figure is the cost of launching ~400 kernels from Python, not GPU work.
 """
 
 from __future__ import annotations
@@ -86,8 +93,29 @@ def loss_step(task, batch, size, device):
     return run, int(t.boxes.shape[1])
 
 
-def time_task(task, batch, size, device, warmup, iters):
+def graphed(run, warmup: int = 3):
+    """Record ``run`` (static inputs inside it) as one CUDA graph; return its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream (allocator, lazy inits)
+        for _ in range(warmup):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return lambda: (graph.replay(), out)[1]
+
+
+def time_task(task, batch, size, device, warmup, iters, mode="eager"):
     step, M = loss_step(task, batch, size, device)
+    if mode == "graph":
+        eager_grads = step()
+        step = graphed(step)
+        replay_grads = step()
+        # the replay must compute what the eager call computes (same kernels, same inputs)
+        if not all(torch.equal(a, b) for a, b in zip(eager_grads, replay_grads)):
+            raise SystemExit(f"[yolo_func] loss graph replay differs from eager ({task}, batch {batch})")
 
     for _ in range(warmup):
         step()
@@ -103,7 +131,7 @@ def time_task(task, batch, size, device, warmup, iters):
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return {"task": task, "batch": batch, "M": M, "median_ms": statistics.median(times),
+    return {"task": task, "batch": batch, "mode": mode, "M": M, "median_ms": statistics.median(times),
             "min_ms": min(times), "max_ms": max(times), "iters": iters, "warmup": warmup,
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
 
@@ -116,24 +144,27 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=640)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--modes", default="eager,graph")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("[yolo_func] benchmarks/loss.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
-    results = []
-    for task in args.tasks.split(","):
-        for batch in (int(b) for b in args.batches.split(",")):
-            r = time_task(task, batch, args.size, "cuda", max(args.warmup, 10), max(args.iters, 30))
-            print(f"{task:8s} batch {batch:3d}  M {r['M']:3d}  median {r['median_ms']:7.2f} ms  peak {r['peak_mem_gib']:.2f} GiB", flush=True)
-            results.append(r)
     now = datetime.datetime.now(datetime.timezone.utc)
-    record = {"command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "date": now.isoformat(timespec="seconds"), "size": args.size,
-              "autocast": "bfloat16 (head outputs), losses in float32", "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"loss_{now:%Y%m%dT%H%M%S}.json"
-    path.write_text(json.dumps(record, indent=2))
+    record = {"command": " ".join([sys.executable.split("/")[-1], *sys.argv]), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "date": now.isoformat(timespec="seconds"), "size": args.size,
+              "autocast": "bfloat16 (head outputs), losses in float32", "results": []}
+    for task in args.tasks.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for mode in args.modes.split(","):
+                r = time_task(task, batch, args.size, "cuda", max(args.warmup, 10), max(args.iters, 30), mode)
+                print(f"{task:8s} batch {batch:3d}  {mode:5s}  M {r['M']:3d}  median {r['median_ms']:7.2f} ms  "
+                      f"peak {r['peak_mem_gib']:.2f} GiB", flush=True)
+                record["results"].append(r)
+                path.write_text(json.dumps(record, indent=2))  # after every row: nothing lost on a cut-off run
+                torch.cuda.empty_cache()
     print(f"wrote {path}")
 
 
