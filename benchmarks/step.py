@@ -6,8 +6,8 @@ the reference's own eager step, side by side in one process.
 
 For every (task, batch) at 640 px, nano, BF16 autocast: median step time over >= 30 timed steps
 after >= 10 warm-up steps (CUDA events around each step; variants alternate step by step so drift
-hits them alike) and peak reserved memory (measured per variant in a separate pass, from an emptied
-cache). Variants:
+hits them alike) and peak reserved memory (measured per variant in a separate pass: built alone,
+3 steps, from an emptied cache, then freed). Variants:
 
 - ``eager``: :func:`yolo_func.train.train_step` (channels_last params and images).
 - ``network``, ``network+heads``, ``step``: :class:`yolo_func.train.replay.ReplayTrainStep` levels.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import statistics
@@ -128,6 +129,26 @@ def _reference(task, batch, channels_last):
     return run
 
 
+def _peak_reserved_mib(build) -> float:
+    """Peak reserved memory (MiB) of building a variant and running 3 steps, from an emptied cache
+    with nothing else alive: a variant measured after others could place its tensors in their
+    cached, partly used segments and look smaller than it is."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    fn = build()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_reserved() - base
+    del fn
+    gc.collect()
+    torch.cuda.empty_cache()
+    return peak / 2**20
+
+
 def _has_reference() -> bool:
     try:
         import ultralytics  # noqa: F401
@@ -176,21 +197,14 @@ def main() -> int:
     for task in args.tasks:
         for batch in args.batches:
             runs, mem = {}, {}
-            for v in args.variants:  # pass 1: build, memory
+            for v in args.variants:  # pass 1: peak reserved memory, each variant alone
                 try:
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
-                    base = torch.cuda.memory_reserved()
-                    torch.cuda.reset_peak_memory_stats()
-                    fn = builders[v](task, batch)
-                    for _ in range(3):
-                        fn()
-                    torch.cuda.synchronize()
-                    mem[v] = (torch.cuda.max_memory_reserved() - base) / 2**20
-                    runs[v] = fn
+                    mem[v] = _peak_reserved_mib(lambda: builders[v](task, batch))
                 except Exception as e:  # keep going: report what failed
                     traceback.print_exc()
                     results.append({"task": task, "batch": batch, "variant": v, "error": f"{type(e).__name__}: {e}"[:500]})
+            for v in mem:  # pass 2: build again for timing, all alive at once
+                runs[v] = builders[v](task, batch)
             times = {v: [] for v in runs}
             for i in range(args.warmup + args.steps):  # pass 2: alternate variants step by step
                 for v, fn in runs.items():
@@ -208,6 +222,8 @@ def main() -> int:
                 results.append(r)
                 print(json.dumps(r), flush=True)
             del runs
+            gc.collect()
+            torch.cuda.empty_cache()
             json.dump({"meta": meta, "results": results}, open(out / f"step_{stamp}.json", "w"), indent=1)
     # Markdown table
     rows = {}

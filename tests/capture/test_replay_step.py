@@ -69,6 +69,26 @@ def test_replay_level_equals_eager(task, batch, every, capture):
             _assert_equal(m_r, m_e, f"{task} b{batch} acc{every} {capture}: metrics of step {i}")
 
 
+@pytest.mark.parametrize("task", ["detect", "segment"])
+def test_step_level_equals_eager_at_640_px(task):
+    """The training size: 8,400 anchors, so ``torch.topk`` over ``[B, M, A]`` takes its multi-block
+    path and the losses run at full size inside the captured step (256 px stays single-block)."""
+    model = yolov8("n", task=task)
+    e, tx = ema(), _tx(1)
+    ts0 = init_train_state(model, tx, torch.Generator().manual_seed(0), device="cuda", ema=e)
+    states = []
+    for capture in ("none", "step"):
+        ts, step, got = T.tree_clone(ts0), ReplayTrainStep(model, tx, ema=e, capture=capture), []
+        for i in range(4):
+            b = synthetic_batch(task, 4, 640, num_classes=model.num_classes, seed=200 + i, device="cuda")
+            ts, m = step(ts, b)
+            got.append((T.tree_clone(ts), {k: v.clone() for k, v in m.items()}))
+        states.append(got)
+    for i, ((ts_e, m_e), (ts_r, m_r)) in enumerate(zip(*states)):
+        _assert_equal(m_r, m_e, f"{task} 640 px step: metrics of step {i}")
+        _assert_equal(ts_r, ts_e, f"{task} 640 px step: TrainState after step {i}")
+
+
 def test_eager_is_deterministic():
     model = yolov8("n", task="segment")
     e, tx = ema(), _tx(1)

@@ -17,9 +17,12 @@ from yolo_func.io import to_reference
 from yolo_func.models import yolov8
 
 GOLDENS = Path(__file__).resolve().parent / "goldens"
-# rtol as the issue asks; atol 1e-5 because CPU conv kernels reduce in a thread-count-dependent
-# order (1 vs 2 OpenMP threads moves near-zero activations by up to ~5e-6).
-TOL = dict(rtol=1e-5, atol=1e-5)
+# rtol as the issue asks; atol 1e-4 because CPU conv kernels reduce in an order that depends on
+# the thread count (1 vs 2 OpenMP threads moves near-zero activations by up to ~5e-6) and on the
+# CPU's vector ISA: goldens recorded on an AVX-512 machine differ by up to 4.7e-5 on an AVX2-only
+# AMD EPYC (train-mode BN at batch 2 amplifies conv rounding). A wrong layer or weight mapping
+# moves outputs by 1e-2 or more.
+TOL = dict(rtol=1e-5, atol=1e-4)
 TASKS = ("detect", "segment", "pose")
 
 

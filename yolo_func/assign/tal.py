@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from yolo_func._types import Anchors, Assignment, DetectPreds, Targets
-from yolo_func.losses.box import bbox_iou, dist2bbox
+from yolo_func.losses.box import dist2bbox
+from yolo_func.losses.ciou import ciou
 from yolo_func.losses.dfl import dfl_expectation
 
 __all__ = ["assign", "assign_from_detect"]
@@ -46,7 +47,7 @@ def _metrics(pred_scores, pred_boxes, anchor_px, targets, *, alpha, beta, eps, e
     # s[b, j, a] = predicted probability of target j's class at anchor a.
     cls_idx = targets.classes.clamp(min=0)[:, :, None].expand(B, M, A)
     s = pred_scores.transpose(1, 2).gather(1, cls_idx)
-    u = bbox_iou(gt_boxes[:, :, None, :], pred_boxes[:, None, :, :], kind="ciou").clamp(min=0)
+    u = ciou(gt_boxes[:, :, None, :], pred_boxes[:, None, :, :]).clamp(min=0)  # no grad: the fused forward
     zero = torch.zeros((), dtype=u.dtype, device=u.device)
     overlaps = torch.where(cand, u, zero)
     align = torch.where(cand, s.pow(alpha) * overlaps.pow(beta), zero)

@@ -2,6 +2,7 @@
 head-level losses ``(preds, targets, assignment) -> (scalar, parts)``."""
 
 from yolo_func.losses.box import bbox2dist, bbox_iou, dist2bbox
+from yolo_func.losses.ciou import ciou
 from yolo_func.losses.cls import cls_loss
 from yolo_func.losses.dfl import dfl_expectation, dfl_loss
 from yolo_func.losses.heads import LossFn, LossGains, detect_loss, pose_loss, segment_loss
@@ -13,6 +14,7 @@ __all__ = [
     "dist2bbox",
     "bbox2dist",
     "bbox_iou",
+    "ciou",
     "dfl_expectation",
     "dfl_loss",
     "cls_loss",

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from yolo_func._types import Assignment, DetectPreds, PosePreds, SegmentPreds, Targets
-from yolo_func.losses.box import bbox2dist, bbox_iou, dist2bbox
+from yolo_func.losses.box import bbox2dist, dist2bbox
+from yolo_func.losses.ciou import ciou
 from yolo_func.losses.cls import cls_loss
 from yolo_func.losses.dfl import dfl_expectation, dfl_loss
 from yolo_func.losses.keypoint import keypoint_losses, keypoint_sigmas
@@ -95,8 +96,8 @@ def detect_loss(*, num_classes: int, reg_max: int = 16, gains: LossGains = LossG
         weight = torch.where(fg, scores.sum(-1), torch.zeros((), device=logits.device))  # [B, A]
         pred_boxes = dist2bbox(dfl_expectation(box_dist, reg_max), points)  # grid units
         tgt_boxes = assignment.target_boxes.to(logits.dtype) / strides
-        ciou = bbox_iou(pred_boxes, tgt_boxes, kind="ciou")
-        l_box = ((1.0 - ciou) * weight).sum() / norm
+        ciou_v = ciou(pred_boxes, tgt_boxes)
+        l_box = ((1.0 - ciou_v) * weight).sum() / norm
         tgt_ltrb = bbox2dist(points, tgt_boxes, reg_max - 1)
         l_dfl = (dfl_loss(box_dist, tgt_ltrb, reg_max=reg_max) * weight).sum() / norm
         box, cls, dfl = gains.box * l_box, gains.cls * l_cls, gains.dfl * l_dfl
