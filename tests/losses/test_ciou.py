@@ -81,6 +81,17 @@ def test_target_gets_no_gradient_and_torch_func_works():
     torch.testing.assert_close(g_func, gp)
 
 
+def test_vmap_of_grad_equals_the_batched_gradient():
+    gen = torch.Generator().manual_seed(1)
+    xy = torch.rand(3, 5, 2, generator=gen, dtype=torch.float64) * 20
+    p = torch.cat((xy, xy + 1 + torch.rand(3, 5, 2, generator=gen, dtype=torch.float64) * 9), -1)
+    q = p + torch.randn(3, 5, 4, generator=gen, dtype=torch.float64)
+    per_row = torch.func.vmap(torch.func.grad(lambda a, b: ciou(a, b).sum()))(p, q)
+    x = p.clone().requires_grad_(True)
+    (batched,) = torch.autograd.grad(ciou(x, q).sum(), x)
+    torch.testing.assert_close(per_row, batched, rtol=1e-12, atol=1e-14)
+
+
 def test_identical_boxes_give_one_and_bad_shape_raises():
     b = torch.tensor([[2.0, 3.0, 7.0, 9.0]])
     torch.testing.assert_close(ciou(b, b), torch.ones(1))

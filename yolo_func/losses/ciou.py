@@ -52,6 +52,7 @@ def _forward(p: torch.Tensor, q: torch.Tensor, eps: float):
 class _CIoU(torch.autograd.Function):
     # The forward returns its intermediates as extra (non-differentiable) outputs: the pattern
     # that keeps the function usable under torch.func transforms without recomputing them.
+    generate_vmap_rule = True  # forward and backward are plain torch ops
     @staticmethod
     def forward(pred, target, eps):
         out, saved = _forward(pred, target, eps)
