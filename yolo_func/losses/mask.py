@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from yolo_func.losses.precision import at_least_f32
 
-__all__ = ["gather_positive_slots", "crop_bounds", "mask_loss"]
+__all__ = ["gather_positive_slots", "crop_bounds", "cropped_bce_sum", "mask_loss"]
 
 
 def gather_positive_slots(fg_mask: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,6 +55,63 @@ def crop_bounds(boxes: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tenso
     cols = ((c >= x1) & (c < x2)).to(boxes.dtype)
     rows = ((r >= y1) & (r < y2)).to(boxes.dtype)
     return rows, cols
+
+
+def _bce(x: torch.Tensor, gt: torch.Tensor) -> torch.Tensor:
+    if gt.dtype == torch.bool:  # overlap map: BCEWithLogits of a binary target, stable softplus(+-x)
+        return F.softplus(torch.where(gt, -x, x))
+    return F.binary_cross_entropy_with_logits(x, gt, reduction="none")
+
+
+class _CroppedBCESum(torch.autograd.Function):
+    # Autograd through softplus(where(gt, -x, x)) and the crop's matrix-vector products makes ~14
+    # passes over [B, S, Hm, Wm] in the backward (gemv's outer product, softplus_backward, two
+    # where's, a neg, casts); the gradient has a closed form, (sigmoid(x) - gt) * rows * cols,
+    # which takes 4. At batch 64 / 640 px that tensor holds 0.5 G elements.
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, gt, rows, cols):
+        x = at_least_f32(logits)
+        bce = _bce(x, gt)
+        cropped = torch.matmul(bce, cols[..., None]).squeeze(-1)  # [B, S, Hm]: sum over kept columns
+        return (cropped * rows).sum(-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        logits, gt, rows, cols = inputs
+        ctx.save_for_backward(logits, gt, rows, cols)
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, gt, rows, cols = ctx.saved_tensors
+        # d BCEWithLogits(x, t) / dx = sigmoid(x) - t, for binary and soft targets alike
+        # sigmoid(x) - gt in one pass; add(alpha=-1) accepts a bool target, the minus operator does not
+        d = torch.add(torch.sigmoid(at_least_f32(logits)), gt, alpha=-1)
+        w = (rows * g[..., None])[..., None] * cols[..., None, :]  # [B, S, Hm, Wm]: crop times upstream
+        grad = torch.empty_like(logits)
+        torch.mul(d, w, out=grad)  # cast into the logits' dtype within the product
+        return grad, None, None, None
+
+
+def cropped_bce_sum(logits: torch.Tensor, gt: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Per slot, the sum of ``BCEWithLogits(logits, gt)`` over the pixels the crop keeps.
+
+    The same value as ``((bce @ cols[..., None]).squeeze(-1) * rows).sum(-1)`` (the same float32
+    operations), with a closed-form backward (``(sigmoid(x) - gt) * rows * cols``): gradients flow
+    to ``logits`` only.
+
+    Args:
+      logits: float[B, S, Hm, Wm] (half precision is upcast to float32).
+      gt: bool[B, S, Hm, Wm] (binary targets) or float[B, S, Hm, Wm] (soft targets).
+      rows, cols: float[B, S, Hm] and float[B, S, Wm] 0/1 crop masks (:func:`crop_bounds`), float32.
+
+    Returns:
+      float[B, S].
+    """
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return _CroppedBCESum.forward(logits, gt, rows, cols)
+    return _CroppedBCESum.apply(logits, gt, rows.detach(), cols.detach())
 
 
 def mask_loss(
@@ -97,24 +154,20 @@ def mask_loss(
     slot_gt = gt_idx.gather(1, idx)
     c = coeffs.gather(1, idx[..., None].expand(B, S, NM))
     logits = torch.bmm(c, protos.reshape(B, NM, hm * wm).to(c.dtype)).reshape(B, S, hm, wm)
-    logits = at_least_f32(logits)
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # the loss's dtype (at_least_f32's rule)
     if masks.ndim == 3:  # overlap map: value j + 1 marks slot j
         gt = masks[:, None] == (slot_gt + 1)[:, :, None, None]
-        # BCEWithLogits for a binary target in its stable form softplus(+-P).
-        bce = F.softplus(torch.where(gt, -logits, logits))
     else:
-        gt = masks.gather(1, slot_gt[:, :, None, None].expand(B, S, hm, wm)).to(logits.dtype)
-        bce = F.binary_cross_entropy_with_logits(logits, gt, reduction="none")
-    boxes = target_boxes.gather(1, idx[..., None].expand(B, S, 4)).to(logits.dtype)
+        gt = masks.gather(1, slot_gt[:, :, None, None].expand(B, S, hm, wm)).to(dtype)
+    boxes = target_boxes.gather(1, idx[..., None].expand(B, S, 4)).to(dtype)
     # Python-scalar arithmetic per coordinate: a torch.tensor([W, H, W, H]) would be a blocking
     # host-to-device copy on every call.
     x1, y1, x2, y2 = boxes.unbind(-1)
     norm = torch.stack((x1 / W, y1 / H, x2 / W, y2 / H), -1)
     nx1, ny1, nx2, ny2 = norm.unbind(-1)
     rows, cols = crop_bounds(torch.stack((nx1 * wm, ny1 * hm, nx2 * wm, ny2 * hm), -1), (hm, wm))
-    with torch.autocast(device_type=bce.device.type, enabled=False):
-        cropped = torch.matmul(bce, cols[..., None]).squeeze(-1)  # [B, S, Hm]: sum over kept columns
-        per_slot = (cropped * rows).sum(-1) / (hm * wm)  # mean over the whole mask area
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        per_slot = cropped_bce_sum(logits, gt, rows, cols) / (hm * wm)  # mean over the whole mask area
     area = (norm[..., 2] - norm[..., 0]) * (norm[..., 3] - norm[..., 1])
     area = torch.where(ok, area, torch.ones_like(area))  # background slots: a safe denominator
     per_slot = torch.where(ok, per_slot / area, torch.zeros_like(per_slot))
