@@ -22,26 +22,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loss import loss_step, make_batch  # noqa: E402
+from loss import capture, loss_step, make_batch  # noqa: E402
 
 from yolo_func.assign import assign_from_detect  # noqa: E402
 
 CASES = ("topk", "assign", "full")
 REPLAYS = 6
-
-
-def _capture(fn, warmup: int = 3):
-    """``(graph, outputs)`` of ``fn`` recorded after a side-stream warm-up."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
 
 
 def _equal(a, b) -> list[bool]:
@@ -53,7 +39,7 @@ def run_case(name: str, batch: int) -> None:
     if name == "topk":
         B, M = (4, 16) if batch == 4 else (64, 32)
         x = torch.rand(B, M, 8400, device="cuda")
-        graph, out = _capture(lambda: torch.topk(x, 10, dim=-1))
+        graph, out = capture(lambda: torch.topk(x, 10, dim=-1))
         for i in range(REPLAYS):
             x.copy_(torch.rand(x.shape, device="cuda"))
             graph.replay()
@@ -65,7 +51,7 @@ def run_case(name: str, batch: int) -> None:
     else:
         fn = loss_step("detect", batch, 640, "cuda")[0]
     ref = fn()
-    graph, out = _capture(fn)
+    graph, out = capture(fn)
     for i in range(REPLAYS):
         graph.replay()
         torch.cuda.synchronize()

@@ -93,8 +93,8 @@ def loss_step(task, batch, size, device):
     return run, int(t.boxes.shape[1])
 
 
-def graphed(run, warmup: int = 3):
-    """Record ``run`` (static inputs inside it) as one CUDA graph; return its replay."""
+def capture(run, warmup: int = 3):
+    """``(graph, outputs)``: ``run`` recorded as one CUDA graph after a side-stream warm-up."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture stream (allocator, lazy inits)
@@ -104,13 +104,19 @@ def graphed(run, warmup: int = 3):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = run()
+    return graph, out
+
+
+def graphed(run, warmup: int = 3):
+    """Record ``run`` (static inputs inside it) as one CUDA graph; return its replay."""
+    graph, out = capture(run, warmup)
 
     def replay():
-        # ``run`` stays referenced here: its closure owns the graph's static inputs (predictions,
-        # targets, anchors). Were it collected, the graph would read freed, reused memory.
         graph.replay()
         return out
 
+    # ``run``'s closure owns the graph's static inputs (predictions, targets, anchors): keep it
+    # alive with the replay, or the graph would read freed, reused memory.
     replay.run = run
     return replay
 

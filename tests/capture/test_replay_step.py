@@ -36,11 +36,11 @@ def _assert_equal(a, b, what):
     assert not bad, f"{what}: {len(bad)} leaves differ, e.g. {bad[:5]}"
 
 
-def _run(task, batch, every, capture, steps, model, e, tx):
+def _run(task, batch, every, capture, steps, model, e, tx, *, size=SIZE, seed=100):
     ts = init_train_state(model, tx, torch.Generator().manual_seed(0), device="cuda", ema=e)
     step = ReplayTrainStep(model, tx, ema=e, capture=capture)
     for i in range(steps):
-        b = synthetic_batch(task, batch, SIZE, num_classes=model.num_classes, seed=100 + i, device="cuda")
+        b = synthetic_batch(task, batch, size, num_classes=model.num_classes, seed=seed + i, device="cuda")
         ts, m = step(ts, b)
         yield i, T.tree_clone(ts), {k: v.clone() for k, v in m.items()}
 
@@ -75,16 +75,9 @@ def test_step_level_equals_eager_at_640_px(task):
     path and the losses run at full size inside the captured step (256 px stays single-block)."""
     model = yolov8("n", task=task)
     e, tx = ema(), _tx(1)
-    ts0 = init_train_state(model, tx, torch.Generator().manual_seed(0), device="cuda", ema=e)
-    states = []
-    for capture in ("none", "step"):
-        ts, step, got = T.tree_clone(ts0), ReplayTrainStep(model, tx, ema=e, capture=capture), []
-        for i in range(4):
-            b = synthetic_batch(task, 4, 640, num_classes=model.num_classes, seed=200 + i, device="cuda")
-            ts, m = step(ts, b)
-            got.append((T.tree_clone(ts), {k: v.clone() for k, v in m.items()}))
-        states.append(got)
-    for i, ((ts_e, m_e), (ts_r, m_r)) in enumerate(zip(*states)):
+    eager = _run(task, 4, 1, "none", 4, model, e, tx, size=640, seed=200)
+    replay = _run(task, 4, 1, "step", 4, model, e, tx, size=640, seed=200)
+    for (i, ts_e, m_e), (_, ts_r, m_r) in zip(eager, replay):
         _assert_equal(m_r, m_e, f"{task} 640 px step: metrics of step {i}")
         _assert_equal(ts_r, ts_e, f"{task} 640 px step: TrainState after step {i}")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from yolo_func.losses.precision import at_least_f32
+from yolo_func.losses.precision import at_least_f32, at_least_f32_dtype
 
 __all__ = ["gather_positive_slots", "crop_bounds", "cropped_bce_sum", "mask_loss"]
 
@@ -154,7 +154,7 @@ def mask_loss(
     slot_gt = gt_idx.gather(1, idx)
     c = coeffs.gather(1, idx[..., None].expand(B, S, NM))
     logits = torch.bmm(c, protos.reshape(B, NM, hm * wm).to(c.dtype)).reshape(B, S, hm, wm)
-    dtype = torch.promote_types(logits.dtype, torch.float32)  # the loss's dtype (at_least_f32's rule)
+    dtype = at_least_f32_dtype(logits.dtype)  # the BCE's dtype, without converting the logits
     if masks.ndim == 3:  # overlap map: value j + 1 marks slot j
         gt = masks[:, None] == (slot_gt + 1)[:, :, None, None]
     else:

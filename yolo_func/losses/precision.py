@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["at_least_f32"]
+__all__ = ["at_least_f32", "at_least_f32_dtype"]
+
+
+def at_least_f32_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype :func:`at_least_f32` gives a tensor of ``dtype``: float32 for half precision,
+    else ``dtype`` itself (float32, float64)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def at_least_f32(x: torch.Tensor) -> torch.Tensor:
@@ -17,4 +23,4 @@ def at_least_f32(x: torch.Tensor) -> torch.Tensor:
     Returns:
       float[...] in float32 (from float16 / bfloat16) or ``x`` itself.
     """
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return x.to(at_least_f32_dtype(x.dtype))
