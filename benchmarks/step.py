@@ -11,6 +11,8 @@ hits them alike) and peak reserved memory (measured per variant in a separate pa
 
 - ``eager``: :func:`yolo_func.train.train_step` (channels_last params and images).
 - ``network``, ``network+heads``, ``step``: :class:`yolo_func.train.replay.ReplayTrainStep` levels.
+- ``network/eager-update``: ``network`` with ``replay_update=False`` (guard, optimizer and EMA
+  eager after the replayed network backward).
 - ``floor``: our network + heads forward and backward as captured graphs with a trivial loss
   (sum of every head output): no assignment, no real loss, no optimizer.
 - ``ref_nchw``, ``ref_cl``: the reference package's model + criterion + ``torch.optim.SGD`` step
@@ -46,12 +48,12 @@ from yolo_func.train import init_train_state, yolo_sgd  # noqa: E402
 from yolo_func.train.replay import ReplayTrainStep  # noqa: E402
 
 
-def _ours(task, batch, level):
+def _ours(task, batch, level, **step_kw):
     model = yolov8("n", task=task)
     opt = yolo_sgd(batch_size=batch, batches_per_epoch=1000, epochs=100)
     e = ema()
     ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), device="cuda", ema=e)
-    step = ReplayTrainStep(model, opt.tx, ema=e, capture=level)
+    step = ReplayTrainStep(model, opt.tx, ema=e, capture=level, **step_kw)
     b = synthetic_batch(task, batch, 640, num_classes=model.num_classes, max_boxes=16, min_boxes=4, seed=1, device="cuda")
     state = {"ts": ts}
 
@@ -161,7 +163,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", nargs="+", default=["detect", "segment", "pose"])
     ap.add_argument("--batches", nargs="+", type=int, default=[4, 16, 64])
-    ap.add_argument("--variants", nargs="+", default=["eager", "network", "network+heads", "step", "floor", "ref_nchw", "ref_cl"])
+    ap.add_argument("--variants", nargs="+", default=["eager", "network", "network/eager-update", "network+heads", "step",
+                                                      "floor", "ref_nchw", "ref_cl"])
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -188,6 +191,7 @@ def main() -> int:
     builders = {
         "eager": lambda t, b: _ours(t, b, "none"),
         "network": lambda t, b: _ours(t, b, "network"),
+        "network/eager-update": lambda t, b: _ours(t, b, "network", replay_update=False),
         "network+heads": lambda t, b: _ours(t, b, "network+heads"),
         "step": lambda t, b: _ours(t, b, "step"),
         "floor": _floor,

@@ -36,9 +36,9 @@ def _assert_equal(a, b, what):
     assert not bad, f"{what}: {len(bad)} leaves differ, e.g. {bad[:5]}"
 
 
-def _run(task, batch, every, capture, steps, model, e, tx, *, size=SIZE, seed=100):
+def _run(task, batch, every, capture, steps, model, e, tx, *, size=SIZE, seed=100, **step_kw):
     ts = init_train_state(model, tx, torch.Generator().manual_seed(0), device="cuda", ema=e)
-    step = ReplayTrainStep(model, tx, ema=e, capture=capture)
+    step = ReplayTrainStep(model, tx, ema=e, capture=capture, **step_kw)
     for i in range(steps):
         b = synthetic_batch(task, batch, size, num_classes=model.num_classes, seed=seed + i, device="cuda")
         ts, m = step(ts, b)
@@ -67,6 +67,18 @@ def test_replay_level_equals_eager(task, batch, every, capture):
         for (i, ts_e, m_e), (_, ts_r, m_r) in zip(eager, replay):
             _assert_equal(ts_r, ts_e, f"{task} b{batch} acc{every} {capture}: TrainState after step {i}")
             _assert_equal(m_r, m_e, f"{task} b{batch} acc{every} {capture}: metrics of step {i}")
+
+
+@pytest.mark.parametrize("capture", ["network", "network+heads"])
+def test_network_levels_with_an_eager_update_equal_eager(capture):
+    """``replay_update=False``: the guard, optimizer and EMA run eagerly after the replayed graphs."""
+    model = yolov8("n", task="segment")
+    e, tx = ema(), _tx(2)
+    eager = _run("segment", 4, 2, "none", 6, model, e, tx)
+    replay = _run("segment", 4, 2, capture, 6, model, e, tx, replay_update=False)
+    for (i, ts_e, m_e), (_, ts_r, m_r) in zip(eager, replay):
+        _assert_equal(ts_r, ts_e, f"{capture} eager update: TrainState after step {i}")
+        _assert_equal(m_r, m_e, f"{capture} eager update: metrics of step {i}")
 
 
 @pytest.mark.parametrize("task", ["detect", "segment"])

@@ -13,13 +13,16 @@ side stream on the static buffers without writing them back (``fn`` is pure), so
 the default CUDA generator's state is restored afterwards.
 
 Aliasing: the returned carry *is* the static carry (updated in place by every replay) and ``aux``
-the static outputs (overwritten by every replay). Clone what you keep across steps.
+the static outputs (overwritten by every replay). Clone what you keep across steps. With
+``donate_carry=True`` the static carry is the caller's own carry tensors (no second copy of the
+training state in memory); the ``persistent=`` inputs are read where they live (e.g. the static
+gradients of a captured network), never copied.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -74,16 +77,37 @@ class CapturedStep(NamedTuple):
     pool: Any
 
 
+def _static_tree(tree: PyTree, keep: set[int], used: set[int]) -> PyTree:
+    """``tree`` with every leaf cloned except those whose ``id`` is in ``keep`` (the first time each
+    is met: a kept tensor appearing twice is cloned the second time, so no two static carry leaves
+    share memory); the ids of kept leaves are added to ``used``."""
+    def one(x):
+        if id(x) in keep and id(x) not in used:
+            used.add(id(x))
+            return x
+        return x.detach().clone(memory_format=torch.preserve_format)
+
+    return T.tree_map(one, tree)
+
+
 def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: PyTree, inputs: PyTree, *,
-                 warmup: int = 2, pool: Any = None) -> CapturedStep:
+                 warmup: int = 2, pool: Any = None, donate_carry: bool = False,
+                 persistent: Sequence[torch.Tensor] = ()) -> CapturedStep:
     """Capture ``fn(carry, inputs) -> (new_carry, aux)`` and the write-back ``carry <- new_carry``.
 
     Args:
       fn: pure; ``new_carry`` has ``carry``'s structure, shapes and dtypes.
-      carry: pytree of CUDA tensors (e.g. a ``TrainState``); cloned into static buffers.
-      inputs: pytree of CUDA tensors (e.g. a ``Batch``); cloned into static buffers.
+      carry: pytree of CUDA tensors (e.g. a ``TrainState``); cloned into static buffers, unless
+        ``donate_carry``.
+      inputs: pytree of CUDA tensors (e.g. a ``Batch``); cloned into static buffers, except the
+        leaves listed in ``persistent`` (and, with ``donate_carry``, leaves that are carry leaves).
       warmup: eager runs on a side stream before capture (cuDNN/cuBLAS set-up), >= 1.
       pool: a memory pool handle to share, or None for a private one.
+      donate_carry: use ``carry``'s own tensors as the static carry (no clone: one copy of the
+        state less in memory). The caller must not use them as anything but this step's carry
+        afterwards: every replay overwrites them.
+      persistent: input tensors that outlive every call and are updated in place between calls
+        (e.g. another graph's static outputs): read where they are, never copied.
 
     Returns:
       :class:`CapturedStep`.
@@ -95,7 +119,13 @@ def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: P
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"[yolo_func] capture_step: warmup must be an int >= 1, got {warmup!r}")
     device = _check_available({"carry": carry, "inputs": inputs}, ())
-    static_carry, static_inputs = T.tree_clone(carry), T.tree_clone(inputs)
+    carry_ids = {id(x) for x in T.tree_leaves(carry)} if donate_carry else set()
+    used: set[int] = set()
+    static_carry = _static_tree(carry, carry_ids, used)
+    # inputs may read a carry buffer (read before the write-back, inside the graph) or a persistent one
+    keep_inputs = {id(x) for x in persistent} | used
+    static_inputs = T.tree_map(lambda x: x if id(x) in keep_inputs else x.detach().clone(memory_format=torch.preserve_format),
+                               inputs)
     binder = _Binder({"carry": static_carry, "inputs": static_inputs}, None, what="step inputs")
 
     with torch.cuda.device(device):

@@ -1,0 +1,104 @@
+"""``capture_step``: a whole pure step replayed as one CUDA graph, with cloned or donated carry
+and persistent inputs read in place."""
+
+import pytest
+import torch
+
+from yolo_func import tree as T
+from yolo_func.capture import CaptureMismatch, CaptureUnavailable, capture_step
+
+
+def _step(carry, inputs):
+    """A pure SGD-with-momentum step on a least-squares loss (closed-form gradient)."""
+    w, m, n = carry["w"], carry["m"], carry["n"]
+    x, y = inputs["x"], inputs["y"]
+    g = x.T @ (x @ w - y) / x.shape[0]
+    m2 = 0.9 * m + g
+    return {"w": w - 0.1 * m2, "m": m2, "n": n + 1}, {"loss": ((x @ w - y) ** 2).mean()}
+
+
+def _carry(device):
+    gen = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(5, 3, generator=gen).to(device), "m": torch.zeros(5, 3, device=device),
+            "n": torch.zeros((), dtype=torch.int64, device=device)}
+
+
+def _inputs(i, device):
+    gen = torch.Generator().manual_seed(100 + i)
+    return {"x": torch.randn(8, 5, generator=gen).to(device), "y": torch.randn(8, 3, generator=gen).to(device)}
+
+
+def test_capture_step_needs_cuda_tensors():
+    with pytest.raises(CaptureUnavailable):
+        capture_step(_step, _carry("cpu"), _inputs(0, "cpu"))
+
+
+def test_capture_step_rejects_bad_warmup():
+    with pytest.raises(ValueError, match="warmup"):
+        capture_step(_step, _carry("cpu"), _inputs(0, "cpu"), warmup=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("donate", [False, True])
+def test_replay_equals_eager_cloned_and_donated(donate):
+    eager = _carry("cuda")
+    carry = _carry("cuda")
+    given = T.tree_leaves(carry)
+    cap = capture_step(_step, carry, _inputs(0, "cuda"), donate_carry=donate)
+    static = T.tree_leaves(cap.static.carry)
+    if donate:  # the caller's tensors are the static carry
+        assert all(a is b for a, b in zip(static, given))
+    else:
+        assert not any(a.data_ptr() == b.data_ptr() for a, b in zip(static, given))
+    for i in range(5):
+        inp = _inputs(i, "cuda")
+        eager, aux_e = _step(eager, inp)
+        carry, aux_r = cap.step(carry, inp)
+        assert carry is cap.static.carry
+        for k in eager:
+            assert torch.equal(carry[k], eager[k]), (i, k)
+        assert torch.equal(aux_r["loss"], aux_e["loss"]), i
+    assert int(carry["n"]) == 5
+
+
+@pytest.mark.cuda
+def test_donated_carry_with_a_shared_leaf_gets_distinct_buffers():
+    shared = torch.zeros(5, 3, device="cuda")
+    carry = {"w": torch.randn(5, 3, device="cuda"), "m": shared, "n": torch.zeros((), dtype=torch.int64, device="cuda")}
+    carry["m2"] = shared  # the same tensor twice: the write-back must not write one buffer twice
+
+    def step(c, inp):
+        new, aux = _step({k: c[k] for k in ("w", "m", "n")}, inp)
+        return {**new, "m2": c["m2"] + 1}, aux
+
+    cap = capture_step(step, carry, _inputs(0, "cuda"), donate_carry=True)
+    st = cap.static.carry
+    assert st["m"] is shared and st["m2"] is not shared and st["m2"].data_ptr() != shared.data_ptr()
+    out, _ = cap.step(st, _inputs(0, "cuda"))
+    assert torch.equal(out["m2"], torch.ones(5, 3, device="cuda"))
+    assert not torch.equal(out["m"], out["m2"])
+
+
+@pytest.mark.cuda
+def test_persistent_inputs_are_read_in_place_and_never_copied():
+    carry = _carry("cuda")
+    x = _inputs(0, "cuda")["x"]  # persistent: e.g. another graph's static output, rewritten in place
+    cap = capture_step(_step, carry, {"x": x, "y": torch.zeros(8, 3, device="cuda")}, donate_carry=True, persistent=[x])
+    assert cap.static.inputs["x"] is x
+    eager = T.tree_clone(carry)
+    for i in range(3):
+        new = _inputs(i + 1, "cuda")
+        x.copy_(new["x"])  # updated in place between calls
+        eager, _ = _step(eager, new)
+        carry, _ = cap.step(carry, {"x": x, "y": new["y"]})
+        assert cap.stats.leaves_copied == 1  # y only
+        assert torch.equal(carry["w"], eager["w"]), i
+
+
+@pytest.mark.cuda
+def test_other_shapes_raise_capture_mismatch():
+    carry = _carry("cuda")
+    cap = capture_step(_step, carry, _inputs(0, "cuda"))
+    bad = {"x": torch.randn(4, 5, device="cuda"), "y": torch.randn(4, 3, device="cuda")}
+    with pytest.raises(CaptureMismatch, match="inputs/x"):
+        cap.step(cap.static.carry, bad)
