@@ -7,7 +7,7 @@ import pytest
 import torch
 from optim_helpers import ref_lf
 
-from yolo_func.optim import cosine_lf, interp_warmup, linear_lf, warmup_iterations, yolo_schedules
+from yolo_func.optim import cosine_lf, interp_warmup, linear_lf, memoized, schedule_memo, warmup_iterations, yolo_schedules
 
 
 def ref_table(lr0, lrf, epochs, nb, warmup_epochs, wbl, wm, momentum, cos, nominal):
@@ -120,3 +120,76 @@ def test_bad_arguments():
         yolo_schedules(0.01, 0.01, epochs=3, batches_per_epoch=0)
     with pytest.raises(ValueError, match=r"^\[yolo_func\] nominal_accumulate"):
         yolo_schedules(0.01, 0.01, epochs=3, batches_per_epoch=4, nominal_accumulate=0)
+
+
+# -- shared evaluation (memoized / schedule_memo / share_schedules) ------------------------------
+
+
+def _counting(fn):
+    calls = []
+
+    def schedule(step):
+        calls.append(int(step))
+        return fn(step)
+
+    return schedule, calls
+
+
+def test_memoized_evaluates_once_per_step_tensor_inside_the_block_only():
+    sched, calls = _counting(lambda s: s.to(torch.float64) * 0.5)
+    m = memoized(sched)
+    a, b = torch.tensor(3), torch.tensor(3)
+    assert float(m(a)) == 1.5 and float(m(a)) == 1.5 and calls == [3, 3]  # outside: every call evaluates
+    calls.clear()
+    with schedule_memo():
+        x, y = m(a), m(a)
+        z = m(b)  # an equal value in another tensor: evaluated again (identity, not value)
+    assert x is y and z is not x and calls == [3, 3]
+    calls.clear()
+    with schedule_memo():  # a new block forgets the last one (a counter updated in place is safe)
+        a.fill_(7)
+        assert float(m(a)) == 3.5 and calls == [7]
+
+
+def _yolo_inner_tx(batch):
+    """yolo_sgd's transform built by hand, without share_schedules."""
+    from yolo_func.optim import (chain, clip_by_global_norm, multi_steps, nominal_accumulate, partition,
+                                 scaled_weight_decay, sgd, yolo_param_labels)
+    acc = nominal_accumulate(batch, 64)
+    sched = yolo_schedules(0.01, 0.01, 100, 1000, nominal_accumulate=acc)
+    groups = {"decay": sgd(sched.lr["decay"], sched.momentum, nesterov=True,
+                           weight_decay=scaled_weight_decay(5e-4, batch, acc, 64)),
+              "no_decay": sgd(sched.lr["no_decay"], sched.momentum, nesterov=True),
+              "bias": sgd(sched.lr["bias"], sched.momentum, nesterov=True)}
+    return multi_steps(chain(clip_by_global_norm(10.0), partition(groups, yolo_param_labels)), every=sched.accumulate)
+
+
+def test_yolo_sgd_shares_schedule_values_with_the_same_results_and_fewer_ops():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from yolo_func import tree as T
+    from yolo_func.train import yolo_sgd
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(0)
+    params = {"network": {"conv": {"weight": torch.randn(4, 3, 3, 3, generator=gen)},
+                          "bn": {"weight": torch.randn(4, generator=gen), "bias": torch.randn(4, generator=gen)}}}
+    shared, plain = yolo_sgd(batch_size=16, batches_per_epoch=1000, epochs=100).tx, _yolo_inner_tx(16)
+    s1, s2 = shared.init(params), plain.init(params)
+    counts = []
+    for i in range(6):  # warmup iterations: every schedule is live
+        grads = T.tree_map(lambda p: torch.randn(p.shape, generator=gen), params)
+        with Count() as c1:
+            u1, s1 = shared.update(grads, s1, params)
+        with Count() as c2:
+            u2, s2 = plain.update(grads, s2, params)
+        counts.append((c1.n, c2.n))
+        for a, b in zip(T.tree_leaves((u1, s1)), T.tree_leaves((u2, s2))):
+            assert torch.equal(a, b), i
+    assert all(n1 <= n2 - 30 for n1, n2 in counts), counts  # lr x3 -> x2, momentum x3 -> x1, one target

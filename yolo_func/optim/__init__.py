@@ -28,6 +28,9 @@ from yolo_func.optim.schedules import (
     cosine_lf,
     interp_warmup,
     linear_lf,
+    memoized,
+    schedule_memo,
+    share_schedules,
     warmup_iterations,
     yolo_schedules,
 )
@@ -85,6 +88,9 @@ __all__ = [
     "warmup_iterations",
     "yolo_schedules",
     "YoloSchedules",
+    "memoized",
+    "schedule_memo",
+    "share_schedules",
     # parameter groups
     "yolo_param_labels",
     "YOLO_GROUPS",

@@ -7,17 +7,26 @@ functions of the *global iteration* ``ni`` (micro-batches seen, ``ni = i + nb*ep
 scalar is computed in float64 with the operation order of the reference's Python floats (and of
 ``np.interp``), so the values equal the reference's to the last bit or within an ulp of ``cos``.
 No function here synchronises with the host, so they can run inside a captured step.
+
+Shared evaluation: one optimizer update asks for the same values many times (each parameter
+group's SGD reads the momentum and a learning rate; two groups share one learning-rate function),
+and each evaluation is a chain of scalar kernels. Inside :func:`schedule_memo` (opened for every
+update by :func:`share_schedules`), a :func:`memoized` schedule is evaluated once per step tensor;
+the values are the same tensors, so the results are bitwise unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import torch
 
-from yolo_func.optim.base import Schedule
+from yolo_func.optim.base import GradientTransformation, Schedule
 
 __all__ = [
     "constant_schedule",
@@ -27,7 +36,73 @@ __all__ = [
     "YoloSchedules",
     "yolo_schedules",
     "warmup_iterations",
+    "memoized",
+    "schedule_memo",
+    "share_schedules",
 ]
+
+# id(memoized schedule), id(step) -> (step, value); None outside schedule_memo()
+_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("yolo_func_schedule_memo", default=None)
+
+
+@contextlib.contextmanager
+def schedule_memo() -> Iterator[None]:
+    """Inside this block, every :func:`memoized` schedule is evaluated at most once per step
+    tensor (the same tensor object); outside it, every call evaluates.
+
+    Scoped to a block, never global: a step counter that is updated in place between updates (the
+    static carry of a captured step) cannot hand back a stale value.
+    """
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def memoized(schedule: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``schedule`` evaluated once per step tensor inside :func:`schedule_memo` (see there).
+
+    The schedule must be pure and its callers must not write its output in place (the same
+    tensor is handed to every caller within the block).
+
+    Args:
+      schedule: ``(int64[] step) -> tensor``.
+
+    Returns:
+      A schedule with the same values.
+    """
+    @functools.wraps(schedule)
+    def wrapped(step: torch.Tensor) -> torch.Tensor:
+        memo = _MEMO.get()
+        if memo is None:
+            return schedule(step)
+        key = (id(wrapped), id(step))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is step:  # the entry keeps `step` alive: its id is not reused
+            return hit[1]
+        out = schedule(step)
+        memo[key] = (step, out)
+        return out
+
+    return wrapped
+
+
+def share_schedules(tx: GradientTransformation) -> GradientTransformation:
+    """``tx`` with every update run inside :func:`schedule_memo`, so the :func:`memoized`
+    schedules its parameter groups read are evaluated once per update. Same state, same values.
+
+    Args:
+      tx: any :class:`GradientTransformation`.
+
+    Returns:
+      A :class:`GradientTransformation` with ``tx``'s init and state.
+    """
+    def update(updates, state, params=None, **extra):
+        with schedule_memo():
+            return tx.update(updates, state, params, **extra)
+
+    return GradientTransformation(tx.init, update)
 
 _F64 = torch.float64
 
@@ -201,21 +276,27 @@ def yolo_schedules(
     lr0, warmup_bias_lr = float(lr0), float(warmup_bias_lr)
     warmup_momentum, momentum = float(warmup_momentum), float(momentum)
 
+    # memoized: inside one update (share_schedules) the groups' lr and momentum reads and the
+    # target shared by the lr schedules are evaluated once each
+    @memoized
     def target(ni: torch.Tensor) -> torch.Tensor:
         epoch = torch.div(ni, nb, rounding_mode="floor")
         return lr0 * lf(epoch)
 
     def make_lr(start: float) -> Schedule:
+        @memoized
         def lr(ni: torch.Tensor) -> torch.Tensor:
             tgt = target(ni)
             return torch.where(ni <= nw, interp_warmup(ni, nw, start, tgt), tgt)
 
         return lr
 
+    @memoized
     def momentum_fn(ni: torch.Tensor) -> torch.Tensor:
         m = torch.full((), momentum, dtype=_F64, device=ni.device)
         return torch.where(ni <= nw, interp_warmup(ni, nw, warmup_momentum, m), m)
 
+    @memoized
     def accumulate_fn(ni: torch.Tensor) -> torch.Tensor:
         warm = torch.clamp(torch.round(interp_warmup(ni, nw, 1.0, float(nominal_accumulate))), min=1.0)
         nominal = torch.full((), nominal_accumulate, dtype=torch.int64, device=ni.device)

@@ -14,6 +14,7 @@ from yolo_func.optim import (
     partition,
     scaled_weight_decay,
     sgd,
+    share_schedules,
     yolo_param_labels,
     yolo_schedules,
 )
@@ -52,8 +53,9 @@ def yolo_sgd(
     ``warmup_bias_lr``, momentum rising from ``warmup_momentum``, accumulation rising from 1 to
     ``round(nbs / batch)``), then ``lr0 * lf(epoch)``.
 
-    ``tx = multi_steps(chain(clip_by_global_norm(max_norm), partition({decay, no_decay, bias}: sgd)),
-    every=schedules.accumulate)``; its count is the global iteration ``ni`` (micro-batches seen).
+    ``tx = share_schedules(multi_steps(chain(clip_by_global_norm(max_norm), partition({decay,
+    no_decay, bias}: sgd)), every=schedules.accumulate))``; its count is the global iteration ``ni``
+    (micro-batches seen).
 
     Returns:
       :class:`YoloOptimizer`.
@@ -70,4 +72,5 @@ def yolo_sgd(
         "bias": sgd(sched.lr["bias"], sched.momentum, nesterov=True),
     }
     tx = multi_steps(chain(clip_by_global_norm(max_norm), partition(groups, yolo_param_labels)), every=sched.accumulate)
+    tx = share_schedules(tx)  # each schedule evaluated once per update, not once per group
     return YoloOptimizer(tx, sched, acc, wd)
