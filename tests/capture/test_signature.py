@@ -210,7 +210,7 @@ def _fake_captured(pool_token, index):
     static = StaticBuffers(p, s, x, (y,), s, (dy,), {"w": gw})
     stats = CaptureStats(capture_index=index)
     cot = cg._Binder({"d_outputs": (dy,)}, None, what="output cotangents", fields=("shape", "device"))
-    r = cg._Replay(index=index, g_fwd=g1, g_bwd=g2, vjp_fn=None, inputs=inputs, cotangents=cot,
+    r = cg._Replay(index=index, g_fwd=g1, g_bwd=g2, inputs=inputs, cotangents=cot,
                    static=static, stats=stats, token=pool_token)
     return Captured(r.forward, r.backward, inputs.signature, static, stats, None), (g1, g2)
 
