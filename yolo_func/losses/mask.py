@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from yolo_func.losses.mask_fused import fused_mask_bce_available, overlap_cropped_bce_sum
 from yolo_func.losses.precision import at_least_f32, at_least_f32_dtype
 
 __all__ = ["gather_positive_slots", "crop_bounds", "cropped_bce_sum", "mask_loss"]
@@ -124,6 +125,7 @@ def mask_loss(
     *,
     image_size: tuple[int, int],
     num_slots: int,
+    fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over positive anchors of the cropped, area-normalised mask BCE, and the positive count.
 
@@ -142,6 +144,10 @@ def mask_loss(
       fg_mask: bool[B, A]; gt_idx: int64[B, A]; target_boxes: float[B, A, 4] xyxy pixels.
       image_size: (H, W) of the network input in pixels.
       num_slots: static slots per image (>= the largest number of positives in an image).
+      fused: the cropped BCE of an overlap map through the Triton kernels of
+        :mod:`yolo_func.losses.mask_fused` (the target built on the fly, nothing of size
+        ``[B, S, Hm, Wm]`` but the gradient allocated). None: on CUDA when triton is available.
+        The fused sum agrees with the torch one to float32 rounding (another summation order).
 
     Returns:
       ``(loss_sum float[], num_pos float[])``; ``loss_sum`` is 0 when there are no positives.
@@ -155,7 +161,15 @@ def mask_loss(
     c = coeffs.gather(1, idx[..., None].expand(B, S, NM))
     logits = torch.bmm(c, protos.reshape(B, NM, hm * wm).to(c.dtype)).reshape(B, S, hm, wm)
     dtype = at_least_f32_dtype(logits.dtype)  # the BCE's dtype, without converting the logits
-    if masks.ndim == 3:  # overlap map: value j + 1 marks slot j
+    if fused is None:
+        fused = logits.is_cuda and masks.ndim == 3 and dtype == torch.float32 and fused_mask_bce_available(logits)
+    elif fused and (masks.ndim != 3 or dtype != torch.float32 or not fused_mask_bce_available(logits)):
+        raise ValueError("[yolo_func] mask_loss(fused=True) needs an overlap map, float32 (or half) logits and "
+                         "fused_mask_bce_available(logits)")
+    gt = None
+    if fused:
+        pass  # the kernels compare the overlap map with slot_gt + 1 on the fly
+    elif masks.ndim == 3:  # overlap map: value j + 1 marks slot j
         gt = masks[:, None] == (slot_gt + 1)[:, :, None, None]
     else:
         gt = masks.gather(1, slot_gt[:, :, None, None].expand(B, S, hm, wm)).to(dtype)
@@ -167,7 +181,11 @@ def mask_loss(
     nx1, ny1, nx2, ny2 = norm.unbind(-1)
     rows, cols = crop_bounds(torch.stack((nx1 * wm, ny1 * hm, nx2 * wm, ny2 * hm), -1), (hm, wm))
     with torch.autocast(device_type=logits.device.type, enabled=False):
-        per_slot = cropped_bce_sum(logits, gt, rows, cols) / (hm * wm)  # mean over the whole mask area
+        if fused:
+            bce_sum = overlap_cropped_bce_sum(logits, masks, slot_gt, rows, cols)
+        else:
+            bce_sum = cropped_bce_sum(logits, gt, rows, cols)
+        per_slot = bce_sum / (hm * wm)  # mean over the whole mask area
     area = (norm[..., 2] - norm[..., 0]) * (norm[..., 3] - norm[..., 1])
     area = torch.where(ok, area, torch.ones_like(area))  # background slots: a safe denominator
     per_slot = torch.where(ok, per_slot / area, torch.zeros_like(per_slot))
