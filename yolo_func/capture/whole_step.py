@@ -139,7 +139,7 @@ def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: P
                 if T.tree_structure(new_carry) != T.tree_structure(static_carry):
                     raise ValueError("[yolo_func] capture_step: fn's new carry differs from the carry:\n"
                                      + T.tree_diff(static_carry, new_carry, names=("carry", "new carry")))
-            del new_carry, aux
+                del new_carry, aux  # before the next run: one run's outputs alive at a time
         torch.cuda.current_stream(device).wait_stream(side)
         gen.set_state(gen_state)
         graph = torch.cuda.CUDAGraph()
