@@ -59,6 +59,23 @@ def _report(name, base, **extra):
     return row
 
 
+def _leaf_copies(params, state):
+    """Static copies for a plain-autograd capture: params as fresh leaves requiring grad, the BN
+    state, and the params' leaf list."""
+    sp = T.tree_map(lambda t: t.detach().clone().requires_grad_(True), params)
+    return sp, T.tree_clone(state), T.tree_leaves(sp)
+
+
+def _on_side_stream(run, times: int) -> None:
+    """Warm-up: ``run()`` ``times`` times on a side stream (nothing kept between runs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(times):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="detect")
@@ -97,18 +114,14 @@ def main() -> int:
 
     # plain autograd, two graphs, one pool
     base = _fresh()
-    sp = T.tree_map(lambda t: t.detach().clone().requires_grad_(True), p)
-    ss = T.tree_clone(s)
-    leaves = T.tree_leaves(sp)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            with ac(), update_stats_in_place():
-                o, _ = fn(sp, T.tree_clone(ss), x)
-            torch.autograd.grad(T.tree_leaves(o), leaves, [torch.ones_like(t) for t in T.tree_leaves(o)])
-            del o
-    torch.cuda.current_stream().wait_stream(side)
+    sp, ss, leaves = _leaf_copies(p, s)
+
+    def warm():
+        with ac(), update_stats_in_place():
+            o, _ = fn(sp, T.tree_clone(ss), x)
+        torch.autograd.grad(T.tree_leaves(o), leaves, [torch.ones_like(t) for t in T.tree_leaves(o)])
+
+    _on_side_stream(warm, 2)
     pool = torch.cuda.graph_pool_handle()
     g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(g1, pool=pool):
@@ -125,11 +138,7 @@ def main() -> int:
 
     # one graph (forward + backward together)
     base = _fresh()
-    sp = T.tree_map(lambda t: t.detach().clone().requires_grad_(True), p)
-    ss = T.tree_clone(s)
-    leaves = T.tree_leaves(sp)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    sp, ss, leaves = _leaf_copies(p, s)
 
     def both():
         with ac(), update_stats_in_place():
@@ -137,10 +146,7 @@ def main() -> int:
         outs = T.tree_leaves(o)
         return torch.autograd.grad(outs, leaves, [torch.ones_like(t) for t in outs])
 
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            both()
-    torch.cuda.current_stream().wait_stream(side)
+    _on_side_stream(both, 2)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         grads = both()
