@@ -77,13 +77,16 @@ class CapturedStep(NamedTuple):
     pool: Any
 
 
-def _static_tree(tree: PyTree, keep: set[int], used: set[int]) -> PyTree:
-    """``tree`` with every leaf cloned except those whose ``id`` is in ``keep`` (the first time each
-    is met: a kept tensor appearing twice is cloned the second time, so no two static carry leaves
-    share memory); the ids of kept leaves are added to ``used``."""
+def _static_tree(tree: PyTree, keep: set[int], used: set[int] | None = None) -> PyTree:
+    """``tree`` with every leaf cloned except those whose ``id`` is in ``keep``.
+
+    With ``used`` (the carry): a kept tensor is kept the first time it is met and cloned on later
+    meetings, so no two static carry leaves share memory; the ids of kept leaves are added to
+    ``used``. Without (the inputs, only read): a kept tensor is kept wherever it appears."""
     def one(x):
-        if id(x) in keep and id(x) not in used:
-            used.add(id(x))
+        if id(x) in keep and (used is None or id(x) not in used):
+            if used is not None:
+                used.add(id(x))
             return x
         return x.detach().clone(memory_format=torch.preserve_format)
 
@@ -123,9 +126,7 @@ def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: P
     used: set[int] = set()
     static_carry = _static_tree(carry, carry_ids, used)
     # inputs may read a carry buffer (read before the write-back, inside the graph) or a persistent one
-    keep_inputs = {id(x) for x in persistent} | used
-    static_inputs = T.tree_map(lambda x: x if id(x) in keep_inputs else x.detach().clone(memory_format=torch.preserve_format),
-                               inputs)
+    static_inputs = _static_tree(inputs, {id(x) for x in persistent} | used)
     binder = _Binder({"carry": static_carry, "inputs": static_inputs}, None, what="step inputs")
 
     with torch.cuda.device(device):

@@ -161,17 +161,16 @@ def mask_loss(
     c = coeffs.gather(1, idx[..., None].expand(B, S, NM))
     logits = torch.bmm(c, protos.reshape(B, NM, hm * wm).to(c.dtype)).reshape(B, S, hm, wm)
     dtype = at_least_f32_dtype(logits.dtype)  # the BCE's dtype, without converting the logits
-    if fused is None:
-        fused = logits.is_cuda and masks.ndim == 3 and dtype == torch.float32 and fused_mask_bce_available(logits)
-    elif fused and (masks.ndim != 3 or dtype != torch.float32 or not fused_mask_bce_available(logits)):
+    can_fuse = masks.ndim == 3 and dtype == torch.float32 and fused_mask_bce_available(logits)
+    if fused and not can_fuse:
         raise ValueError("[yolo_func] mask_loss(fused=True) needs an overlap map, float32 (or half) logits and "
                          "fused_mask_bce_available(logits)")
-    gt = None
-    if fused:
-        pass  # the kernels compare the overlap map with slot_gt + 1 on the fly
-    elif masks.ndim == 3:  # overlap map: value j + 1 marks slot j
+    if fused is None:
+        fused = logits.is_cuda and can_fuse
+    gt = None  # fused: the kernels compare the overlap map with slot_gt + 1 on the fly
+    if not fused and masks.ndim == 3:  # overlap map: value j + 1 marks slot j
         gt = masks[:, None] == (slot_gt + 1)[:, :, None, None]
-    else:
+    elif not fused:
         gt = masks.gather(1, slot_gt[:, :, None, None].expand(B, S, hm, wm)).to(dtype)
     boxes = target_boxes.gather(1, idx[..., None].expand(B, S, 4)).to(dtype)
     # Python-scalar arithmetic per coordinate: a torch.tensor([W, H, W, H]) would be a blocking

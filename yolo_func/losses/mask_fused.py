@@ -99,15 +99,19 @@ def fused_mask_bce_available(logits: torch.Tensor) -> bool:
     Returns:
       bool.
     """
+    return _unavailable_reason(logits) is None
+
+
+def _unavailable_reason(logits: torch.Tensor) -> str | None:
+    """Why the kernels cannot run on ``logits`` (None when they can)."""
     if not _triton_importable():
-        return False
-    if logits.device.type == "cuda":
-        pass
-    elif logits.device.type == "cpu" and _interpret():
-        pass
-    else:
-        return False
-    return not _functorch_active(logits)
+        return "overlap_cropped_bce_sum needs triton, which is not importable"
+    if not (logits.is_cuda or (logits.device.type == "cpu" and _interpret())):
+        return (f"overlap_cropped_bce_sum: logits on {logits.device} need CUDA "
+                "(or the CPU with TRITON_INTERPRET=1 set before the first call)")
+    if _functorch_active(logits):
+        return "overlap_cropped_bce_sum does not support torch.func transforms"
+    return None
 
 
 # The kernels' Python source, jit'd lazily by ``_kernels`` (``tl`` is bound in this module's
@@ -349,15 +353,9 @@ def overlap_cropped_bce_sum(
       RuntimeError: when triton is not installed or the device cannot run it.
     """
     _check(logits, masks, slot_gt, rows, cols)
-    if not _triton_importable():
-        raise RuntimeError("[yolo_func] overlap_cropped_bce_sum needs triton, which is not importable")
-    if not (logits.is_cuda or (logits.device.type == "cpu" and _interpret())):
-        raise RuntimeError(
-            f"[yolo_func] overlap_cropped_bce_sum: logits on {logits.device} need CUDA "
-            "(or the CPU with TRITON_INTERPRET=1 set before the first call)"
-        )
-    if _functorch_active(logits):
-        raise RuntimeError("[yolo_func] overlap_cropped_bce_sum does not support torch.func transforms")
+    reason = _unavailable_reason(logits)
+    if reason is not None:
+        raise RuntimeError(f"[yolo_func] {reason}")
     masks, slot_gt = masks.contiguous(), slot_gt.contiguous()
     rows, cols = rows.detach().contiguous(), cols.detach().contiguous()
     if not (torch.is_grad_enabled() and logits.requires_grad):

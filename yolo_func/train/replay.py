@@ -196,10 +196,11 @@ class ReplayTrainStep:
             old_heads = self._head_backups if self.capture == "network+heads" else ts.state["heads"]
             old_state = {"network": old_net_state, "heads": old_heads}
         if self.replay_update:
-            # static buffers of the replayed graphs (and snapshots refreshed in place): read where they live
-            persistent = [g_network, static.state, old_net_state]
+            # static buffers of the replayed graphs and snapshots refreshed in place: read where they
+            # live (the BN statistics, network and heads, are carry leaves: read in place anyway)
+            persistent = [g_network, old_net_state]
             if self.capture == "network+heads":
-                persistent += [head_grads, head_states, self._head_backups]
+                persistent += [head_grads, self._head_backups]
             new_ts, metrics = self._update_replay(net_key, ts, (grads, new_state, losses, parts, norms, old_state),
                                                   persistent=T.tree_leaves(persistent))
         else:
