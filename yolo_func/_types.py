@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from yolo_func.structures.records import Batch, Targets  # re-exported: they live in structures/
+
 Tensor = torch.Tensor
 #: Nested ``dict[str, ...]`` of tensors that receive gradients.
 Params = dict[str, Any]
@@ -77,25 +79,6 @@ class PosePreds(NamedTuple):
     """
 
     keypoints: Tensor
-
-
-class Targets(NamedTuple):
-    """Ground truth with static shapes: ``M`` is padded (bucketed) so shapes repeat across steps.
-
-    Attributes:
-      boxes: float[B, M, 4] xyxy in input pixels; padding rows are zeros.
-      classes: int64[B, M] class ids; padding rows are 0.
-      valid: bool[B, M] True for real targets.
-      masks: optional. Overlap-indexed int64[B, H/4, W/4] (0 background, j+1 = slot j), or
-        per-instance float[B, M, H/4, W/4].
-      keypoints: optional float[B, M, P, 3] (x, y in input pixels, visibility 0/1/2).
-    """
-
-    boxes: Tensor
-    classes: Tensor
-    valid: Tensor
-    masks: Tensor | None = None
-    keypoints: Tensor | None = None
 
 
 class Assignment(NamedTuple):

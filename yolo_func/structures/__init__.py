@@ -1,4 +1,6 @@
-"""Box helpers and padded static-shape targets."""
+"""Box helpers, padded static-shape targets and the batch record."""
+
+from yolo_func.structures.records import Batch, Targets
 
 from yolo_func.structures.boxes import box_area, clip_boxes, xywh_to_xyxy, xyxy_to_xywh
 from yolo_func.structures.targets import (
@@ -12,6 +14,8 @@ from yolo_func.structures.targets import (
 )
 
 __all__ = [
+    "Targets",
+    "Batch",
     "xyxy_to_xywh",
     "xywh_to_xyxy",
     "clip_boxes",

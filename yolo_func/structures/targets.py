@@ -1,4 +1,4 @@
-"""Static-shape targets (:class:`yolo_func._types.Targets`): builders, padding and validation.
+"""Static-shape targets (:class:`yolo_func.structures.Targets`): builders, padding and validation.
 
 The builders run in the data pipeline (host-side logic is fine there); the loss and assignment
 path only ever sees the padded result, whose shapes repeat across steps because the number of
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from yolo_func._types import Targets
+from yolo_func.structures.records import Targets
 from yolo_func.structures.boxes import box_area, clip_boxes, xywh_to_xyxy
 
 __all__ = [

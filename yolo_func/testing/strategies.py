@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import hypothesis.strategies as st
 import torch
 
-from yolo_func._types import Targets
+from yolo_func.structures import Targets
 
 __all__ = ["generators", "images", "boxes_xyxy", "padded_targets"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from yolo_func._types import Targets
-from yolo_func.train.state import Batch
+from yolo_func.structures import Targets
+from yolo_func.structures import Batch
 
 __all__ = ["synthetic_batch"]
 

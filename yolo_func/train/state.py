@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_func import tree as T
+from yolo_func.structures.records import Batch  # re-exported: it lives in structures/
 
 __all__ = ["TrainState", "Batch"]
 
@@ -33,15 +34,3 @@ class TrainState(NamedTuple):
     def to(self, device: torch.device | str, *, channels_last: bool = False) -> "TrainState":
         """Move every leaf (4-D leaves to channels_last when asked)."""
         return T.tree_to(self, device, channels_last=channels_last)
-
-
-class Batch(NamedTuple):
-    """One training batch with static shapes.
-
-    Attributes:
-      images: float[B, 3, H, W] in [0, 1] (uint8 / 255), H and W multiples of 32.
-      targets: :class:`yolo_func.Targets` padded to a bucketed ``M``.
-    """
-
-    images: torch.Tensor
-    targets: Any
