@@ -26,3 +26,18 @@ def test_notebook_example_runs():
         exec(compile(code, "README.md", "exec"), ns)
     assert ns["out"].y.shape == (1, 116, 84)
     assert ns["preds"]["segment"].protos.shape == (2, 32, 16, 16)
+
+
+def test_training_step_example_runs_on_cpu():
+    """The README's training-step block (after the notebook block that builds ``model``) runs on the
+    CPU as written, apart from a smaller image size; it trains (the step counter moves, the loss is
+    finite) and, on a CPU-only machine, picks the CPU and the eager level."""
+    readme = (ROOT / "README.md").read_text()
+    notebook, step_block = re.findall(r"```python\n(.*?)\n```", readme, re.S)[:2]
+    assert 'torch.cuda.is_available() else "cpu"' in step_block, "the step example must pick the device"
+    code = notebook.replace("640, 640", "64, 64") + "\n" + step_block.replace("(4, 320)", "(2, 64)")
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    assert int(ns["ts"].step) == 1 and bool(ns["metrics"]["finite"])
+    if not torch.cuda.is_available():
+        assert ns["device"] == "cpu" and ns["step"].capture == "none"
