@@ -25,6 +25,7 @@ from yolo_func.capture import (
 )
 from yolo_func.capture import binder as cg_binder
 from yolo_func.capture import vjp as cg_vjp
+from yolo_func.testing import assert_trees_all_equal
 
 CL = torch.channels_last
 
@@ -173,7 +174,7 @@ def test_a_mismatch_copies_nothing():
     before = T.tree_clone(binder.static)
     with pytest.raises(CaptureMismatch):
         binder.load(T.tree_map(torch.ones_like, p), s, torch.ones(2, 3, 8, 9))  # params fine, x not
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(before), T.tree_leaves(binder.static)))
+    assert_trees_all_equal(before, binder.static, strict=True)
 
 
 def test_cotangents_check_shape_and_device_and_cast_dtype():

@@ -135,6 +135,11 @@ class HeadCapture(NamedTuple):
     captured: Captured
 
     @property
+    def signature(self):
+        """The captured :class:`yolo_func.capture.CaptureSignature` (params and feats, state)."""
+        return self.captured.signature
+
+    @property
     def params(self) -> dict:
         """The static head parameters (update them in place only)."""
         return self.captured.static.params["params"]
