@@ -175,8 +175,10 @@ def _tiny_inputs():
 def test_backward_before_forward_and_interleaved_pool_replays_raise():
     p, s, x = _tiny_inputs()
     pool = torch.cuda.graph_pool_handle()
+    n0 = num_captures()
     a = capture_vjp(_tiny, p, s, x, pool=pool)
     b = capture_vjp(_tiny, p, s, x, pool=pool)
+    assert num_captures() == n0 + 2
     ct = (torch.ones(2, 4, 6, 6, device="cuda"),)
     with pytest.raises(RuntimeError, match="before any forward"):
         a.backward(ct)
@@ -204,6 +206,7 @@ def test_registered_generator_replays_fresh_draws_like_eager_and_warmup_leaves_i
     g_cap = torch.Generator(device="cuda").manual_seed(7)
     g_eager = torch.Generator(device="cuda").manual_seed(7)
     before = g_cap.get_state()
+    n0 = num_captures()
     cap = capture_vjp(dropout_fn(g_cap), p, {}, x, generators=(g_cap,))
     assert torch.equal(g_cap.get_state(), before)  # warm-up draws were rolled back
     masks = []
@@ -214,5 +217,6 @@ def test_registered_generator_replays_fresh_draws_like_eager_and_warmup_leaves_i
         g_c = cap.backward((torch.ones_like(y_c),))
         torch.testing.assert_close(g_c["w"], vjp_fn((torch.ones_like(y_e),))[0]["w"], rtol=0, atol=0)
         masks.append(y_c != 0)
+    assert num_captures() == n0 + 1  # three replays of one capture
     assert not torch.equal(masks[0], masks[1])  # each replay draws anew
     assert torch.equal(g_cap.get_state(), g_eager.get_state())  # and advances the stream like eager

@@ -13,7 +13,6 @@ from yolo_func._types import Feats
 from yolo_func.capture import (
     Captured,
     CaptureMismatch,
-    CaptureSignature,
     CaptureStats,
     CaptureUnavailable,
     StaticBuffers,
