@@ -44,6 +44,7 @@ step runs eagerly and one warning (``CaptureFallbackWarning``) names the reason,
 
 from __future__ import annotations
 
+import abc
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
@@ -215,7 +216,7 @@ def _batch_key(batch: Batch) -> tuple:
 # ------------------------------------------------------------------------------------------------
 # Levels
 # ------------------------------------------------------------------------------------------------
-class _Level:
+class _Level(abc.ABC):
     """One way to run the step. ``__call__`` replays, or falls back to the eager step with one
     warning per reason; subclasses say when they cannot hold (:meth:`unavailable`) and how they
     replay (:meth:`replay`)."""
@@ -236,8 +237,9 @@ class _Level:
                 return f"head(s) {not_capturable} are marked capturable=False"
         return None
 
+    @abc.abstractmethod
     def replay(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        raise NotImplementedError(f"level {self.name!r} defines no replay")
+        """One step at this level; may raise :class:`yolo_func.capture.CaptureUnavailable`."""
 
     def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         reason = self.unavailable(batch)
@@ -251,11 +253,14 @@ class _Level:
 
 
 class _EagerLevel(_Level):
-    """``"none"``: the eager step, always."""
+    """``"none"``: the eager step, always (on any device, nothing to fall back from)."""
 
     name = "none"
 
-    def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    def unavailable(self, batch: Batch) -> str | None:
+        return None
+
+    def replay(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         return self.owner._eager(ts, batch)
 
 
