@@ -106,7 +106,7 @@ def main() -> int:
 
     # capture_vjp (ours)
     base = _fresh()
-    cap = capture_vjp(fn, p, s, x, autocast_dtype=torch.bfloat16)
+    cap = capture_vjp(fn, p, s, x, autocast_dtype=torch.bfloat16, forward_context=update_stats_in_place)
     feats, _ = cap.forward(cap.static.params, cap.static.state, x)
     cap.backward(T.tree_map(torch.ones_like, feats))
     _report("capture_vjp", base)

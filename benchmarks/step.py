@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from yolo_func import tree as T  # noqa: E402
 from yolo_func import yolov8  # noqa: E402
 from yolo_func.capture import capture_vjp  # noqa: E402
+from yolo_func.nn import update_stats_in_place  # noqa: E402
 from yolo_func.optim import ema  # noqa: E402
 from yolo_func.testing.synthetic import synthetic_batch  # noqa: E402
 from yolo_func.train import init_train_state, yolo_sgd  # noqa: E402
@@ -74,7 +75,7 @@ def _floor(task, batch):
         preds, new_s = model.apply(p, s, images, train=True)
         return tuple(T.tree_leaves(preds)), new_s
 
-    cap = capture_vjp(fn, params, st, x, autocast_dtype=torch.bfloat16)
+    cap = capture_vjp(fn, params, st, x, autocast_dtype=torch.bfloat16, forward_context=update_stats_in_place)
     ones = None
 
     def run():

@@ -6,6 +6,7 @@ import torch
 from hypothesis import given
 
 from yolo_func import tree as T
+from yolo_func.testing import assert_trees_all_equal
 
 
 def _tree(gen: torch.Generator):
@@ -41,8 +42,7 @@ def test_named_tuple_fields_are_named_in_paths():
 def test_flat_dict_round_trip(t):
     flat = T.tree_flat_dict(t)
     back = T.tree_from_flat_dict(flat)
-    assert T.tree_structure(back) == T.tree_structure(t)
-    assert all(torch.equal(x, y) for x, y in zip(T.tree_leaves(back), T.tree_leaves(t)))
+    assert_trees_all_equal(back, t, strict=True)
 
 
 @given(trees())
@@ -50,17 +50,17 @@ def test_ravel_round_trip_and_count(t):
     flat, unravel = T.tree_ravel(t)
     assert flat.shape == (T.tree_count(t),)
     back = unravel(flat)
-    assert all(torch.equal(x, y) for x, y in zip(T.tree_leaves(back), T.tree_leaves(t)))
+    assert_trees_all_equal(back, t, strict=True)
 
 
 @given(trees(), st.floats(-3, 3, allow_nan=False))
 def test_arithmetic(t, s):
     doubled = T.tree_add(t, t)
-    assert all(torch.equal(d, x + x) for d, x in zip(T.tree_leaves(doubled), T.tree_leaves(t)))
+    assert_trees_all_equal(doubled, T.tree_map(lambda x: x + x, t), strict=True)
     zero = T.tree_sub(t, t)
     assert all(torch.count_nonzero(z) == 0 for z in T.tree_leaves(zero))
     scaled = T.tree_scale(t, s)
-    assert all(torch.equal(y, x * s) for y, x in zip(T.tree_leaves(scaled), T.tree_leaves(t)))
+    assert_trees_all_equal(scaled, T.tree_map(lambda x: x * s, t), strict=True)
     assert T.tree_structure(T.tree_zeros_like(t)) == T.tree_structure(t)
 
 
@@ -69,7 +69,7 @@ def test_copy_in_place_writes_into_the_same_storage(gen):
     ptrs = [x.data_ptr() for x in T.tree_leaves(dst)]
     T.tree_copy_(dst, src)
     assert [x.data_ptr() for x in T.tree_leaves(dst)] == ptrs
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(dst), T.tree_leaves(src)))
+    assert_trees_all_equal(dst, src, strict=True)
 
 
 def test_copy_rejects_other_structures_with_a_diff(gen):
@@ -158,10 +158,10 @@ def test_where_equals_per_leaf_where_and_keeps_layouts(specs, flag, seed, fused)
 def test_where_with_a_scalar_zeroes_a_non_finite_tree(specs, seed, fused):
     tree = [_leaf(lay, dt, seed + i) / 0.0 for i, (lay, dt) in enumerate(specs)]  # inf / nan everywhere
     out = T.tree_where(torch.tensor(False), tree, 0.0, fused=fused)
-    for x, y in zip(tree, out):
+    for x, y in zip(tree, out, strict=True):
         assert torch.equal(y, torch.zeros_like(x)) and y.stride() == x.stride()
     kept = T.tree_where(torch.tensor(True), tree, 0.0, fused=fused)
-    for x, y in zip(tree, kept):
+    for x, y in zip(tree, kept, strict=True):
         assert torch.equal(x.nan_to_num(), y.nan_to_num())
 
 
@@ -172,7 +172,7 @@ def test_foreach_copy_groups_mixed_dtypes():
            torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last), torch.tensor([True, False])]
     ptrs = [d.data_ptr() for d in dst]
     T.foreach_copy_(dst, src)
-    for d, s, p in zip(dst, src, ptrs):
+    for d, s, p in zip(dst, src, ptrs, strict=True):
         assert torch.equal(d, s) and d.data_ptr() == p
 
 
@@ -199,6 +199,6 @@ def test_fused_lerp_equals_the_foreach_lerp(layouts, w, seed):
     wt = torch.tensor(w, dtype=torch.float32)
     fused = T.flat_leafwise(lambda a, b: torch.lerp(a, b, wt), e, m, fused=True)
     per_leaf = torch._foreach_lerp(e, m, [wt] * len(e))
-    for a, b, x in zip(fused, per_leaf, e):
+    for a, b, x in zip(fused, per_leaf, e, strict=True):
         assert torch.equal(a, b) and a.stride() == x.stride()
 

@@ -2,11 +2,13 @@
 YOLOv8n network with :func:`yolo_func.nn.update_stats_in_place` gives the same outputs, gradients
 and statistics as the out-of-place default, writing the statistics into the given buffers."""
 
+import pytest
 import torch
 
 from yolo_func import nn
 from yolo_func import tree as T
 from yolo_func import yolov8
+from yolo_func.testing import assert_trees_all_equal
 
 
 def test_in_place_statistics_under_vjp_equal_the_functional_ones():
@@ -24,13 +26,11 @@ def test_in_place_statistics_under_vjp_equal_the_functional_ones():
     with nn.update_stats_in_place():
         out, vjp_fn, s_new = run(static)
     # the new state is the given buffers, holding exactly the functional statistics
-    assert all(a is b for a, b in zip(T.tree_leaves(s_new), T.tree_leaves(static)))
-    for a, b in zip(T.tree_leaves(static), T.tree_leaves(s_ref)):
-        assert torch.equal(a, b)
+    assert [id(a) for a in T.tree_leaves(s_new)] == [id(b) for b in T.tree_leaves(static)]
+    assert_trees_all_equal(static, s_ref, strict=True)
     # and the statistics did move (0.97 * 0 + 0.03 * batch mean is not all zero)
-    assert any(not torch.equal(a, b) for a, b in zip(T.tree_leaves(static), T.tree_leaves(s)))
+    with pytest.raises(AssertionError, match="not equal"):
+        assert_trees_all_equal(static, s)
     ct = T.tree_map(lambda o: torch.randn(o.shape, generator=gen), out_ref)
-    for a, b in zip(T.tree_leaves(out), T.tree_leaves(out_ref)):
-        assert torch.equal(a, b)
-    for a, b in zip(T.tree_leaves(vjp_fn(ct)), T.tree_leaves(vjp_ref(ct))):
-        assert torch.equal(a, b)
+    assert_trees_all_equal(out, out_ref, strict=True)
+    assert_trees_all_equal(vjp_fn(ct), vjp_ref(ct), strict=True)

@@ -18,9 +18,11 @@ import torch.nn.functional as F
 from yolo_func import tree as T
 from yolo_func import yolov8
 from yolo_func.capture import CaptureMismatch, capture_vjp, num_captures
-from yolo_func.train.step import first_order
+from yolo_func.func import first_order
+from yolo_func.nn import update_stats_in_place
+from yolo_func.testing import assert_trees_all_equal
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("error::yolo_func.train.replay.CaptureFallbackWarning")]
 
 CL = torch.channels_last
 B, H, W = 2, 128, 128
@@ -71,10 +73,15 @@ def _eager(fn, params, state, x, autocast_dtype):
 
 
 def _assert_equal(a, b, what: str, step: int):
-    fa, fb = T.tree_flat_dict(a), T.tree_flat_dict(b)
-    assert fa.keys() == fb.keys(), f"{what}: trees differ"
-    bad = [k for k in fa if not torch.equal(fa[k], fb[k])]
-    assert not bad, f"step {step}: {what} differ at {len(bad)} leaves, e.g. {bad[:3]}"
+    try:
+        assert_trees_all_equal(a, b, strict=True)
+    except AssertionError as err:
+        raise AssertionError(f"step {step}: {what}: {err}") from None
+
+
+def _ids(tree) -> list[int]:
+    """The leaves' identities, in order (a list: compared whole, never truncated)."""
+    return [id(x) for x in T.tree_leaves(tree)]
 
 
 def _sgd_(params, grads):
@@ -101,7 +108,7 @@ def test_captured_yolov8n_equals_eager_vjp_over_sgd_steps(autocast_dtype, channe
     del o1, o2, f1, f2
 
     n0 = num_captures()
-    cap = capture_vjp(fn, params, state, xs[0], autocast_dtype=autocast_dtype)
+    cap = capture_vjp(fn, params, state, xs[0], autocast_dtype=autocast_dtype, forward_context=update_stats_in_place)
     assert num_captures() == n0 + 1
     # capture works on copies and leaves no trace: the given trees and the static state are as given
     _assert_equal(params, given_params, "params given to capture_vjp", -1)
@@ -127,8 +134,8 @@ def test_captured_yolov8n_equals_eager_vjp_over_sgd_steps(autocast_dtype, channe
         assert cap.stats.leaves_copied == (n_leaves if step == 0 else 1)  # later: only the image
         if first_outs is None:
             first_outs = outs_c
-        assert all(a is b for a, b in zip(T.tree_leaves(outs_c), T.tree_leaves(first_outs)))  # static, aliased
-        assert all(a is b for a, b in zip(T.tree_leaves(s_c), T.tree_leaves(cap.static.state)))  # BN in place
+        assert _ids(outs_c) == _ids(first_outs)  # static, aliased
+        assert _ids(s_c) == _ids(cap.static.state)  # BN in place
         _assert_equal(outs_c, outs_e, "outputs", step)
         _assert_equal(cap.static.state, s_new, "BN statistics", step)
 
@@ -168,8 +175,10 @@ def _tiny_inputs():
 def test_backward_before_forward_and_interleaved_pool_replays_raise():
     p, s, x = _tiny_inputs()
     pool = torch.cuda.graph_pool_handle()
+    n0 = num_captures()
     a = capture_vjp(_tiny, p, s, x, pool=pool)
     b = capture_vjp(_tiny, p, s, x, pool=pool)
+    assert num_captures() == n0 + 2
     ct = (torch.ones(2, 4, 6, 6, device="cuda"),)
     with pytest.raises(RuntimeError, match="before any forward"):
         a.backward(ct)
@@ -197,6 +206,7 @@ def test_registered_generator_replays_fresh_draws_like_eager_and_warmup_leaves_i
     g_cap = torch.Generator(device="cuda").manual_seed(7)
     g_eager = torch.Generator(device="cuda").manual_seed(7)
     before = g_cap.get_state()
+    n0 = num_captures()
     cap = capture_vjp(dropout_fn(g_cap), p, {}, x, generators=(g_cap,))
     assert torch.equal(g_cap.get_state(), before)  # warm-up draws were rolled back
     masks = []
@@ -207,5 +217,6 @@ def test_registered_generator_replays_fresh_draws_like_eager_and_warmup_leaves_i
         g_c = cap.backward((torch.ones_like(y_c),))
         torch.testing.assert_close(g_c["w"], vjp_fn((torch.ones_like(y_e),))[0]["w"], rtol=0, atol=0)
         masks.append(y_c != 0)
+    assert num_captures() == n0 + 1  # three replays of one capture
     assert not torch.equal(masks[0], masks[1])  # each replay draws anew
     assert torch.equal(g_cap.get_state(), g_eager.get_state())  # and advances the stream like eager

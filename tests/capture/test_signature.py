@@ -1,5 +1,5 @@
-"""capture/cuda_graph.py on the CPU: signatures, mismatch messages, the copy-in of static buffers,
-forward/backward ordering (with stand-in graphs), CaptureUnavailable and the bounded cache."""
+"""capture/signature.py, binder.py and vjp.py on the CPU: signatures, mismatch messages, the copy-in
+of static buffers, forward/backward ordering (with stand-in graphs), CaptureUnavailable."""
 
 from __future__ import annotations
 
@@ -11,11 +11,8 @@ from hypothesis import strategies as st
 from yolo_func import tree as T
 from yolo_func._types import Feats
 from yolo_func.capture import (
-    CaptureCache,
-    CaptureCacheFull,
     Captured,
     CaptureMismatch,
-    CaptureSignature,
     CaptureStats,
     CaptureUnavailable,
     StaticBuffers,
@@ -25,7 +22,9 @@ from yolo_func.capture import (
     num_captures,
     signature_of,
 )
-from yolo_func.capture import cuda_graph as cg
+from yolo_func.capture import binder as cg_binder
+from yolo_func.capture import vjp as cg_vjp
+from yolo_func.testing import assert_trees_all_equal
 
 CL = torch.channels_last
 
@@ -125,7 +124,7 @@ def test_signature_equality_is_spec_equality(a, b, da, db):
 
 # ---- mismatch errors and the copy-in ----------------------------------------------------------
 def _binder(p, s, x):
-    return cg._Binder({"params": p, "state": s, "x": x}, None, what="inputs")
+    return cg_binder.Binder({"params": p, "state": s, "x": x}, None, what="inputs")
 
 
 def test_mismatch_message_shows_the_differing_entry_first_and_both_signatures():
@@ -174,13 +173,13 @@ def test_a_mismatch_copies_nothing():
     before = T.tree_clone(binder.static)
     with pytest.raises(CaptureMismatch):
         binder.load(T.tree_map(torch.ones_like, p), s, torch.ones(2, 3, 8, 9))  # params fine, x not
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(before), T.tree_leaves(binder.static)))
+    assert_trees_all_equal(before, binder.static, strict=True)
 
 
 def test_cotangents_check_shape_and_device_and_cast_dtype():
     outs = Feats(torch.zeros(2, 4, 8, 8, dtype=torch.bfloat16), torch.zeros(2, 4, 4, 4, dtype=torch.bfloat16),
                  torch.zeros(2, 4, 2, 2, dtype=torch.bfloat16))
-    binder = cg._Binder({"d_outputs": outs}, None, what="output cotangents", fields=("shape", "device"))
+    binder = cg_binder.Binder({"d_outputs": outs}, None, what="output cotangents", fields=("shape", "device"))
     d = Feats(*(torch.full(o.shape, 1.5) for o in outs))  # float32 cotangents: cast like autograd casts
     assert binder.load(d) == 3
     assert all(o.dtype == torch.bfloat16 and bool((o == 1.5).all()) for o in outs)
@@ -203,20 +202,20 @@ class _FakeGraph:
 def _fake_captured(pool_token, index):
     """A Captured whose 'graphs' compute y = w * x and dL/dw = sum(dy * x) on static buffers."""
     p, s, x = {"w": torch.zeros(3)}, {}, torch.zeros(3)
-    inputs = cg._Binder({"params": p, "state": s, "x": x}, None, what="inputs")
+    inputs = cg_binder.Binder({"params": p, "state": s, "x": x}, None, what="inputs")
     y, dy, gw = torch.zeros(3), torch.zeros(3), torch.zeros(3)
     g1 = _FakeGraph(lambda: y.copy_(p["w"] * x))
     g2 = _FakeGraph(lambda: gw.copy_(dy * x))
     static = StaticBuffers(p, s, x, (y,), s, (dy,), {"w": gw})
     stats = CaptureStats(capture_index=index)
-    cot = cg._Binder({"d_outputs": (dy,)}, None, what="output cotangents", fields=("shape", "device"))
-    r = cg._Replay(index=index, g_fwd=g1, g_bwd=g2, inputs=inputs, cotangents=cot,
+    cot = cg_binder.Binder({"d_outputs": (dy,)}, None, what="output cotangents", fields=("shape", "device"))
+    r = cg_vjp._Replay(index=index, g_fwd=g1, g_bwd=g2, inputs=inputs, cotangents=cot,
                    static=static, stats=stats, token=pool_token)
     return Captured(r.forward, r.backward, inputs.signature, static, stats, None), (g1, g2)
 
 
 def test_forward_backward_replay_static_buffers_and_alias_them():
-    cap, (g1, g2) = _fake_captured(cg._PoolToken(), index=1)
+    cap, (g1, g2) = _fake_captured(cg_vjp._PoolToken(), index=1)
     with pytest.raises(RuntimeError, match=r"backward\(\) called before any forward\(\)"):
         cap.backward((torch.ones(3),))
     assert g2.replays == 0
@@ -238,7 +237,7 @@ def test_forward_backward_replay_static_buffers_and_alias_them():
 
 
 def test_backward_refuses_after_another_capture_of_the_pool_replayed():
-    token = cg._PoolToken()
+    token = cg_vjp._PoolToken()
     a, _ = _fake_captured(token, index=101)
     b, _ = _fake_captured(token, index=102)
     x = torch.ones(3)
@@ -287,60 +286,3 @@ def test_capture_rejects_non_callables_and_non_tensor_leaves():
     p, s, x = _trees()
     with pytest.raises(TypeError, match="params/lr must be a torch.Tensor"):
         capture_vjp(_fn, {"lr": 0.1, **p}, s, x)
-
-
-# ---- the bounded cache --------------------------------------------------------------------------
-def _dummy_captured(tag):
-    sig = CaptureSignature((), (), None)
-    return Captured(lambda *a: tag, lambda d: tag, sig, None, CaptureStats(capture_index=0), None)
-
-
-def test_cache_captures_each_key_once_and_refuses_past_its_bound():
-    cache = CaptureCache(max_entries=2)
-    calls = []
-
-    def make(tag):
-        def capture():
-            calls.append(tag)
-            return _dummy_captured(tag)
-        return capture
-
-    a = cache.get_or_capture((2, 3, 640, 640), make("a"))
-    assert cache.get_or_capture((2, 3, 640, 640), make("a-again")) is a
-    b = cache.get_or_capture((2, 3, 672, 672), make("b"))
-    assert calls == ["a", "b"] and cache.num_captures == 2 and len(cache) == 2
-    with pytest.raises(CaptureCacheFull) as info:
-        cache.get_or_capture((2, 3, 704, 704), make("c"))
-    assert calls == ["a", "b"]  # not captured
-    err = info.value
-    assert isinstance(err, CaptureUnavailable) and err.key == (2, 3, 704, 704)
-    assert "capture cache full (2 entries" in err.reason and "(2, 3, 704, 704)" in err.reason
-    assert cache.overflows == 1
-    # held keys still hit after an overflow
-    assert cache.get_or_capture((2, 3, 672, 672), make("b-again")) is b
-    assert cache.get((2, 3, 704, 704)) is None and (2, 3, 640, 640) in cache
-    assert cache.keys() == [(2, 3, 640, 640), (2, 3, 672, 672)]
-    cache.clear()
-    assert len(cache) == 0 and cache.get_or_capture("k", make("c")).forward() == "c"
-
-
-def test_cache_stores_nothing_when_capture_fails():
-    cache = CaptureCache(max_entries=1)
-
-    def boom():
-        raise CaptureUnavailable("inputs are on cpu")
-
-    with pytest.raises(CaptureUnavailable):
-        cache.get_or_capture("k", boom)
-    assert len(cache) == 0 and cache.num_captures == 0
-    with pytest.raises(TypeError, match="must return a Captured"):
-        cache.get_or_capture("k", lambda: "not a capture")
-    assert len(cache) == 0
-    with pytest.raises(TypeError):
-        cache.get_or_capture(["unhashable"], lambda: _dummy_captured("x"))
-
-
-@pytest.mark.parametrize("bad", [0, -1, 2.0, True])
-def test_cache_bound_must_be_a_positive_int(bad):
-    with pytest.raises(ValueError, match="max_entries must be an int >= 1"):
-        CaptureCache(max_entries=bad)

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from yolo_func import tree as T
-from yolo_func.capture import CaptureMismatch, CaptureUnavailable, capture_step
+from yolo_func.capture import CaptureMismatch, CaptureUnavailable, capture_step, num_captures
+
+pytestmark = pytest.mark.filterwarnings("error::yolo_func.train.replay.CaptureFallbackWarning")
 
 
 def _step(carry, inputs):
@@ -29,8 +31,10 @@ def _inputs(i, device):
 
 
 def test_capture_step_needs_cuda_tensors():
+    before = num_captures()
     with pytest.raises(CaptureUnavailable):
         capture_step(_step, _carry("cpu"), _inputs(0, "cpu"))
+    assert num_captures() == before  # a refused capture is not counted
 
 
 def test_capture_step_rejects_bad_warmup():
@@ -44,12 +48,15 @@ def test_replay_equals_eager_cloned_and_donated(donate):
     eager = _carry("cuda")
     carry = _carry("cuda")
     given = T.tree_leaves(carry)
+    before = num_captures()
     cap = capture_step(_step, carry, _inputs(0, "cuda"), donate_carry=donate)
+    assert num_captures() == before + 1  # capture_step counts like capture_vjp
     static = T.tree_leaves(cap.static.carry)
     if donate:  # the caller's tensors are the static carry
-        assert all(a is b for a, b in zip(static, given))
+        assert [id(a) for a in static] == [id(b) for b in given]
     else:
-        assert not any(a.data_ptr() == b.data_ptr() for a, b in zip(static, given))
+        assert len(static) == len(given)
+        assert not ({a.data_ptr() for a in static} & {b.data_ptr() for b in given})
     for i in range(5):
         inp = _inputs(i, "cuda")
         eager, aux_e = _step(eager, inp)

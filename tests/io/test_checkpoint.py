@@ -10,6 +10,7 @@ import torch
 from yolo_func import tree as T
 from yolo_func import yolov8
 from yolo_func.io.checkpoint import FORMAT, load_checkpoint, read_checkpoint, save_checkpoint
+from yolo_func.testing import assert_trees_all_equal
 
 
 class Box(NamedTuple):
@@ -30,7 +31,7 @@ def test_round_trip_is_exact(tmp_path):
     loaded, config, meta = load_checkpoint(path, template)
     assert config == {"scale": "n", "task": "detect"} and meta == {"epoch": 3}
     assert T.tree_structure(loaded) == T.tree_structure(ts)
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(loaded), T.tree_leaves(ts)))
+    assert_trees_all_equal(loaded, ts, strict=True)
     assert loaded.count.dtype == torch.int64
 
 

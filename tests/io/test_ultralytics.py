@@ -32,6 +32,7 @@ from yolo_func.io import (
     to_reference,
 )
 from yolo_func.models import yolov8
+from yolo_func.testing import assert_trees_all_equal
 
 #: ``../shared`` beside the repository (holds the reference key listings).
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -167,7 +168,7 @@ def test_round_trip_nano_exact(task):
         assert T.tree_structure(a) == T.tree_structure(b)
         assert T.tree_paths(a) == T.tree_paths(b)
         assert [p for p, _ in _insertion_items(a)] == [p for p, _ in _insertion_items(b)]  # init order kept
-        for x, y in zip(T.tree_leaves(a), T.tree_leaves(b)):
+        for x, y in zip(T.tree_leaves(a), T.tree_leaves(b), strict=True):
             assert torch.equal(x, y) and y.dtype == torch.float32
             assert x.data_ptr() != y.data_ptr()  # copied by default
 
@@ -187,15 +188,14 @@ def test_round_trip_other_scales_identity(scale, task):
     p2, s2 = from_reference(model, to_reference(model, params, state), copy=False)
     for a, b in ((params, p2), (state, s2)):
         assert T.tree_paths(a) == T.tree_paths(b)
-        assert all(x is y for x, y in zip(T.tree_leaves(a), T.tree_leaves(b)))
+        assert [id(x) for x in T.tree_leaves(a)] == [id(y) for y in T.tree_leaves(b)]
 
 
 def test_fp16_is_cast_to_fp32():
     model, params, state = seeded("pose")
     sd = {k: (v.half() if v.is_floating_point() else v) for k, v in to_reference(model, params, state).items()}
     p2, s2 = from_reference(model, sd)
-    for x, y in zip(T.tree_leaves((params, state)), T.tree_leaves((p2, s2))):
-        assert y.dtype == torch.float32 and torch.equal(y, x.half().float())
+    assert_trees_all_equal((p2, s2), T.tree_map(lambda x: x.half().float(), (params, state)), strict=True)
 
 
 def test_num_batches_tracked_is_ignored():
@@ -372,8 +372,7 @@ def test_fake_official_checkpoint(task, tmp_path, monkeypatch):
         for k, v in sd.items():
             assert torch.equal(got[k], v.half() if v.is_floating_point() else v), k
         p2, s2 = load_reference_weights(model, tmp_path / name)
-        for x, y in zip(T.tree_leaves((params, state)), T.tree_leaves((p2, s2))):
-            assert y.dtype == torch.float32 and torch.equal(y, x.half().float())
+        assert_trees_all_equal((p2, s2), T.tree_map(lambda x: x.half().float(), (params, state)), strict=True)
     assert ("ultralytics" in sys.modules) == had_reference  # the reader imported nothing
 
 

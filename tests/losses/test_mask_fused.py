@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 import yolo_func.losses.mask_fused as mask_fused  # noqa: E402
 from yolo_func.losses.mask import cropped_bce_sum, crop_bounds  # noqa: E402
 from yolo_func.losses.mask_fused import fused_mask_bce_available, overlap_cropped_bce_sum  # noqa: E402
+from yolo_func.testing import assert_trees_all_close  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 #: bf16 gradients: a correctly rounded bf16 value is within half an ulp (2^-8 relative) of its
@@ -255,8 +256,7 @@ def test_mask_loss_fused_equals_the_torch_path():
                                image_size=(4 * hm, 4 * wm), num_slots=M * 10, fused=fused)
         out[fused] = (loss.detach(), npos, *torch.autograd.grad(loss, (c, p)))
     assert float(out[False][0]) > 0 and torch.equal(out[False][1], out[True][1])
-    for a, b in zip(out[False], out[True]):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert_trees_all_close(out[True], out[False], rtol=1e-5, atol=1e-6)
 
 
 def test_mask_loss_fused_true_rejects_per_instance_masks():

@@ -9,6 +9,7 @@ from yolo_func import tree as T
 from yolo_func import yolov8
 from yolo_func.heads import pose_head, segment_head
 from yolo_func.models import channels, get_scale, repeats
+from yolo_func.testing import assert_trees_all_equal
 
 # REFERENCE.md §1.1: sum(numel) over the unfused reference model (includes the 16 frozen DFL weights).
 PARAM_COUNTS = {
@@ -118,7 +119,7 @@ def test_init_is_deterministic_per_seed():
     a, _ = m.init(torch.Generator().manual_seed(3))
     b, _ = m.init(torch.Generator().manual_seed(3))
     c, _ = m.init(torch.Generator().manual_seed(4))
-    assert all(torch.equal(x, y) for x, y in zip(T.tree_leaves(a), T.tree_leaves(b)))
+    assert_trees_all_equal(a, b, strict=True)
     assert not torch.equal(a["network"]["backbone"]["stem"]["conv"]["weight"], c["network"]["backbone"]["stem"]["conv"]["weight"])
 
 
@@ -130,9 +131,9 @@ def test_train_forward_never_writes_the_callers_state(seg_model):
         _, new = model.apply(params, state, x, train=True)
         _, same = model.apply(params, state, x, train=False)
     assert same is state
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(before), T.tree_leaves(state)))
-    moved = [not torch.equal(a, b) for a, b in zip(T.tree_leaves(new), T.tree_leaves(state))]
-    assert all(moved)  # every BN saw a batch
+    assert_trees_all_equal(before, state, strict=True)
+    moved = T.tree_leaves(T.tree_map(lambda a, b: not torch.equal(a, b), new, state))
+    assert moved and all(moved)  # every BN saw a batch
 
 
 def test_tree_paths_are_semantic(seg_model):

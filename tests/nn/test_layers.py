@@ -8,6 +8,7 @@ from hypothesis import given
 
 from yolo_func import nn
 from yolo_func import tree as T
+from yolo_func.testing import assert_trees_all_equal
 
 
 def _bn_module(c):
@@ -77,7 +78,7 @@ def test_conv_bn_act_matches_torch_nn(seed, c_in, c_out, k, s):
         else:
             assert new is st_  # eval mode returns the very same state object
     # the caller's state is never written to
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(before), T.tree_leaves(st_)))
+    assert_trees_all_equal(before, st_, strict=True)
 
 
 def test_bn_in_place_opt_in_writes_the_given_buffers(gen):
@@ -165,7 +166,7 @@ def test_split_generators_are_deterministic_and_distinct(gen):
     b = nn.split(torch.Generator().manual_seed(3), 3)
     draws_a = [torch.rand(4, generator=g) for g in a]
     draws_b = [torch.rand(4, generator=g) for g in b]
-    assert all(torch.equal(x, y) for x, y in zip(draws_a, draws_b))
+    assert_trees_all_equal(draws_a, draws_b, strict=True)
     assert not torch.equal(draws_a[0], draws_a[1])
 
 

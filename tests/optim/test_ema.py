@@ -117,7 +117,7 @@ def test_matches_recorded_reference_ema():
     rec = torch.load(Path(__file__).with_name("goldens") / "ema_reference.pt", weights_only=True)
     e = ema()
     s = e.init(rec["init"])
-    for model, want, updates in zip(rec["models"], rec["emas"], rec["updates"]):
+    for model, want, updates in zip(rec["models"], rec["emas"], rec["updates"], strict=True):
         s = e.update(model, s)
         assert int(s.count) == updates
         assert_trees_all_equal(s.ema, want)

@@ -143,7 +143,7 @@ def test_yolo_recipe_tracks_the_reference_loop():
     params = small_params()
     labels = T.tree_leaves(yolo_param_labels(params))
     _, tps = torch_params(params)
-    group = lambda name: [p for p, lab in zip(tps, labels) if lab == name]  # noqa: E731
+    group = lambda name: [p for p, lab in zip(tps, labels, strict=True) if lab == name]  # noqa: E731
     opt = torch.optim.SGD([{"params": group("bias")}, {"params": group("decay"), "weight_decay": wd},
                            {"params": group("no_decay")}], lr=lr0, momentum=0.937, nesterov=True, foreach=True)
     for gr in opt.param_groups:
@@ -164,7 +164,7 @@ def test_yolo_recipe_tracks_the_reference_loop():
                 gr["lr"] = gr["initial_lr"] * ref_lf(epoch, lrf, epochs, False)
         scale = 20.0 if ni % 4 == 0 else 0.5  # some sums exceed the clip norm, some do not
         grads = random_grads(params, gen, scale)
-        for tp, g in zip(tps, T.tree_leaves(grads)):
+        for tp, g in zip(tps, T.tree_leaves(grads), strict=True):
             tp.grad = g.clone() if tp.grad is None else tp.grad + g
         stepped_ref = ni - last >= accumulate
         if stepped_ref:

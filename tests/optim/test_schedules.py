@@ -168,6 +168,7 @@ def test_yolo_sgd_shares_schedule_values_with_the_same_results_and_fewer_ops():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from yolo_func import tree as T
+    from yolo_func.testing import assert_trees_all_equal
     from yolo_func.train import yolo_sgd
 
     class Count(TorchDispatchMode):
@@ -190,6 +191,5 @@ def test_yolo_sgd_shares_schedule_values_with_the_same_results_and_fewer_ops():
         with Count() as c2:
             u2, s2 = plain.update(grads, s2, params)
         counts.append((c1.n, c2.n))
-        for a, b in zip(T.tree_leaves((u1, s1)), T.tree_leaves((u2, s2))):
-            assert torch.equal(a, b), i
+        assert_trees_all_equal((u1, s1), (u2, s2), strict=True)
     assert all(n1 <= n2 - 30 for n1, n2 in counts), counts  # lr x3 -> x2, momentum x3 -> x1, one target

@@ -39,7 +39,7 @@ def _run_pair(tx, torch_opt_factory, *, steps=STEPS, seed=0, grad_scale=1.0):
     gen = torch.Generator().manual_seed(seed + 1)
     for step in range(steps):
         grads = random_grads(params, gen, grad_scale)
-        for tp, g in zip(tparams, T.tree_leaves(grads)):
+        for tp, g in zip(tparams, T.tree_leaves(grads), strict=True):
             tp.grad = g.clone()  # torch's nesterov path may write into .grad
         opt.step()
         before = T.tree_clone(grads)
@@ -69,7 +69,7 @@ def test_sgd_tracks_torch_sgd(case):
         if case["momentum"] and case["weight_decay"] == 0:
             trace_state = state[0]
             bufs = [opt.state[p]["momentum_buffer"] for p in tparams]
-            assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(trace_state.momentum), bufs)), step
+            assert_trees_all_equal(T.tree_leaves(trace_state.momentum), bufs, strict=True)
 
 
 def test_sgd_first_momentum_buffer_is_the_gradient():
@@ -97,7 +97,7 @@ def test_sgd_param_groups_match_torch():
     assert sorted(set(labels)) == ["bias", "decay", "no_decay"]
 
     def factory(paths, ps):
-        group = lambda name: [p for p, lab in zip(ps, labels) if lab == name]  # noqa: E731
+        group = lambda name: [p for p, lab in zip(ps, labels, strict=True) if lab == name]  # noqa: E731
         return torch.optim.SGD(
             [
                 {"params": group("bias"), "lr": lr_bias},
@@ -131,8 +131,8 @@ def test_adamw_tracks_torch_adamw(case):
         nu = [opt.state[p]["exp_avg_sq"] for p in tparams]
         if wd == 0:
             assert_trees_all_equal(ours, theirs)
-            assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(state.mu), mu)), step
-            assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(state.nu), nu)), step
+            assert_trees_all_equal(T.tree_leaves(state.mu), mu, strict=True)
+            assert_trees_all_equal(T.tree_leaves(state.nu), nu, strict=True)
         else:
             assert_trees_all_close(ours, theirs, rtol=RTOL, atol=ATOL)
             assert_trees_all_close(T.tree_leaves(state.mu), mu, rtol=RTOL, atol=ATOL)
@@ -148,7 +148,7 @@ def test_adamw_param_groups_match_torch():
     labels = T.tree_leaves(yolo_param_labels(small_params()))
 
     def factory(paths, ps):
-        group = lambda name: [p for p, lab in zip(ps, labels) if lab == name]  # noqa: E731
+        group = lambda name: [p for p, lab in zip(ps, labels, strict=True) if lab == name]  # noqa: E731
         return torch.optim.AdamW(
             [{"params": group("bias"), "lr": lr_bias, "weight_decay": 0.0},
              {"params": group("decay"), "weight_decay": wd},
@@ -160,7 +160,7 @@ def test_adamw_param_groups_match_torch():
         assert_trees_all_close(ours, theirs, rtol=RTOL, atol=ATOL)
         # The groups without decay are bitwise (see the module docstring).
         flat_o, flat_t = T.tree_flat_dict(ours), T.tree_flat_dict(theirs)
-        for path, lab in zip(T.tree_paths(ours), labels):
+        for path, lab in zip(T.tree_paths(ours), labels, strict=True):
             if lab != "decay":
                 assert torch.equal(flat_o[path], flat_t[path]), path
 

@@ -37,14 +37,14 @@ def test_clip_equals_clip_grad_norm(scale):
     params = small_params()
     grads = random_grads(params, torch.Generator().manual_seed(7), scale)
     tps = [torch.nn.Parameter(p.clone()) for p in T.tree_leaves(params)]
-    for tp, g in zip(tps, T.tree_leaves(grads)):
+    for tp, g in zip(tps, T.tree_leaves(grads), strict=True):
         tp.grad = g.clone()
     total = torch.nn.utils.clip_grad_norm_(tps, max_norm=10.0)
     tx = clip_by_global_norm(10.0)
     clipped, state = tx.update(grads, tx.init(params))
     assert torch.equal(state.norm, total)
     assert torch.equal(global_norm(grads), total)
-    assert all(torch.equal(a, tp.grad) for a, tp in zip(T.tree_leaves(clipped), tps))
+    assert_trees_all_equal(T.tree_leaves(clipped), [tp.grad for tp in tps], strict=True)
     # Independent check of the rule: new norm = min(norm, 10) (up to the 1e-6 guard).
     assert float(global_norm(clipped)) == pytest.approx(min(float(total), 10.0), rel=1e-5)
 

@@ -52,7 +52,7 @@ def compare_train(model, params, state, ref, x) -> dict:
         raw = ref(x)
     preds, new_state = model.apply(params, state, x, train=True)
     feats, _ = model.features(params["network"], state["network"], x, train=True)
-    for i, (a, b) in enumerate(zip(feats, raw["feats"])):
+    for i, (a, b) in enumerate(zip(feats, raw["feats"], strict=True)):
         close(a, b, f"feats[{i}]")
     close(preds["detect"].box_dist.transpose(1, 2), raw["boxes"], "boxes")
     close(preds["detect"].cls_logits.transpose(1, 2), raw["scores"], "scores")

@@ -12,6 +12,7 @@ from yolo_func.assign import assign_from_detect
 from yolo_func.io import load_checkpoint, save_checkpoint
 from yolo_func.optim import chain, clip_by_global_norm, ema, multi_steps, partition, sgd, yolo_param_labels
 from yolo_func.structures.targets import targets_from_lists
+from yolo_func.testing import assert_trees_all_close, assert_trees_all_equal
 from yolo_func.train import Batch, init_train_state, train_step, yolo_sgd
 from yolo_func.train.metrics import NonFiniteLossWarning, fetch_metrics
 
@@ -89,12 +90,10 @@ def test_step_equals_an_autograd_reference_step(task):
     ts = init_train_state(model, tx, torch.Generator(), params=params, state=state)
     for b in batches:
         ts, _ = train_step(ts, b, model=model, tx=tx)
-    moved = max(float((a - b).abs().max()) for a, b in zip(T.tree_leaves(ts.params), T.tree_leaves(params)))
+    moved = max(float((a - b).abs().max()) for a, b in zip(T.tree_leaves(ts.params), T.tree_leaves(params), strict=True))
     assert moved > 1e-3  # the comparison is not between two untrained models
-    for (path, ours), theirs in zip(T.tree_items(ts.params), T.tree_leaves(ref_params)):
-        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7, msg=lambda m: f"{path}: {m}")
-    for (path, ours), theirs in zip(T.tree_items(ts.state), T.tree_leaves(ref_state)):
-        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7, msg=lambda m: f"{path}: {m}")
+    assert_trees_all_close(ts.params, ref_params, rtol=1e-6, atol=1e-7, strict=True)
+    assert_trees_all_close(ts.state, ref_state, rtol=1e-6, atol=1e-7, strict=True)
 
 
 def test_step_is_pure_and_counts():
@@ -103,7 +102,7 @@ def test_step_is_pure_and_counts():
     ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
     before = T.tree_clone(ts)
     new, metrics = train_step(ts, _batch("detect"), model=model, tx=tx)
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(before), T.tree_leaves(ts)))  # nothing written
+    assert_trees_all_equal(before, ts, strict=True)  # nothing written
     assert int(new.step) == 1 and int(new.skipped) == 0
     m = fetch_metrics(metrics)
     assert set(m) >= {"loss/detect/box", "loss/detect/cls", "loss/detect/dfl", "feat_grad_norm/detect", "loss", "grad_norm"}
@@ -126,7 +125,7 @@ def test_non_finite_step_is_skipped_and_reported():
         m = fetch_metrics(metrics)
     assert m["finite"] == 0.0 and int(ts2.skipped) == 1 and int(ts2.step) == 2
     for name in ("params", "state", "opt_state", "ema"):
-        for (path, a), b in zip(T.tree_items(getattr(ts2, name)), T.tree_leaves(getattr(good, name))):
+        for (path, a), b in zip(T.tree_items(getattr(ts2, name)), T.tree_leaves(getattr(good, name)), strict=True):
             if path.endswith("count") or "/count" in path or path.endswith("last_step") or path.endswith("stepped"):
                 continue
             assert torch.equal(a, b), f"{name}/{path} changed on a skipped step"
@@ -144,7 +143,7 @@ def test_accumulation_steps_every_k_micro_batches():
     tx = multi_steps(partition(groups, yolo_param_labels), every=2)
     ts0 = init_train_state(model, tx, torch.Generator().manual_seed(0))
     ts1, m1 = train_step(ts0, _batch("detect", 1), model=model, tx=tx)
-    assert all(torch.equal(a, b) for a, b in zip(T.tree_leaves(ts1.params), T.tree_leaves(ts0.params)))
+    assert_trees_all_equal(ts1.params, ts0.params, strict=True)
     ts2, m2 = train_step(ts1, _batch("detect", 2), model=model, tx=tx)
     assert not bool(m1["stepped"]) and bool(m2["stepped"])
     assert not torch.equal(ts2.params["heads"]["detect"]["cls"]["p3"]["pred"]["bias"],
@@ -170,8 +169,7 @@ def test_resume_is_bitwise_identical(tmp_path):
     resumed, config, _ = load_checkpoint(tmp_path / "ck.pt", template)
     resumed = run(resumed, batches[3:])
     assert config["task"] == "detect"
-    for (path, a), b in zip(T.tree_items(resumed), T.tree_leaves(straight)):
-        assert torch.equal(a, b), path
+    assert_trees_all_equal(resumed, straight, strict=True)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The building blocks of the eager step: flat_vjp, first_order, loss_grad (CPU)."""
 
 import hypothesis.strategies as st
+import pytest
 import torch
 from hypothesis import given, settings
 
@@ -8,7 +9,9 @@ from yolo_func import tree as T
 from yolo_func import yolov8
 from yolo_func.assign import assign_from_detect
 from yolo_func.testing.synthetic import synthetic_batch
-from yolo_func.train.step import first_order, flat_vjp, head_vjp, loss_grad, network_vjp
+from yolo_func.func import first_order, flat_vjp
+from yolo_func.testing import assert_trees_all_close, assert_trees_all_equal
+from yolo_func.train.step import head_vjp, loss_grad, network_vjp
 
 
 def _fn(p, q):
@@ -29,9 +32,7 @@ def test_flat_vjp_equals_torch_func_vjp(n, m, seed):
     out_ref, pb_ref, aux_ref = torch.func.vjp(_fn, p, q, has_aux=True)
     T.tree_map(lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0), out, out_ref)
     T.tree_map(lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0), aux, aux_ref)
-    for got, want in zip(pb(ct), pb_ref(ct)):
-        assert T.tree_structure(got) == T.tree_structure(want)
-        T.tree_map(lambda a, b: torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12), got, want)
+    assert_trees_all_close(pb(ct), pb_ref(ct), rtol=1e-12, atol=1e-12, strict=True)
 
 
 def test_first_order_equals_the_pullback_and_records_no_graph():
@@ -53,9 +54,10 @@ def test_network_and_head_vjp_leave_the_callers_state_untouched():
     _, _, head_state = head_vjp(model.heads["detect"], params["heads"]["detect"], state["heads"]["detect"], feats)
     T.tree_map(lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0), state, before)
     # ... while the returned statistics moved (momentum 0.03 towards the batch statistics)
-    moved = [not torch.equal(a, b) for a, b in zip(T.tree_leaves(net_state), T.tree_leaves(before["network"]))]
-    assert all(moved)
-    assert any(not torch.equal(a, b) for a, b in zip(T.tree_leaves(head_state), T.tree_leaves(before["heads"]["detect"])))
+    moved = T.tree_leaves(T.tree_map(lambda a, b: not torch.equal(a, b), net_state, before["network"]))
+    assert moved and all(moved)
+    with pytest.raises(AssertionError, match="not equal"):
+        assert_trees_all_equal(head_state, before["heads"]["detect"])
 
 
 def test_loss_grad_returns_gradients_in_the_predictions_layout():

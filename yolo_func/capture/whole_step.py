@@ -5,7 +5,7 @@
 the caller copies a new batch into the static inputs (or passes them), replays, and reads the
 updated carry and the ``aux`` outputs from static buffers. Because the graph runs exactly the
 kernels the eager call runs, in the same order, on the same values, a replayed step is bitwise equal
-to the eager one (with the same deterministic flags; see :mod:`yolo_func.capture.cuda_graph`).
+to the eager one (with the same deterministic flags; see :mod:`yolo_func.capture.vjp`).
 
 ``fn`` must be capturable: static shapes, no host synchronisation (``.item()``, Python branches
 on tensor values, boolean-mask indexing), no CPU tensors created inside. Warm-up runs ``fn`` on a
@@ -28,12 +28,9 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_func import tree as T
-from yolo_func.capture.cuda_graph import (
-    CaptureSignature,
-    CaptureUnavailable,
-    _Binder,
-    _check_available,
-)
+from yolo_func.capture.binder import Binder, check_available
+from yolo_func.capture.counter import count_capture
+from yolo_func.capture.signature import CaptureSignature
 
 __all__ = ["CapturedStep", "StepBuffers", "StepStats", "capture_step"]
 
@@ -121,13 +118,13 @@ def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: P
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"[yolo_func] capture_step: warmup must be an int >= 1, got {warmup!r}")
-    device = _check_available({"carry": carry, "inputs": inputs}, ())
+    device = check_available({"carry": carry, "inputs": inputs}, (), caller="capture_step")
     carry_ids = {id(x) for x in T.tree_leaves(carry)} if donate_carry else set()
     used: set[int] = set()
     static_carry = _static_tree(carry, carry_ids, used)
     # inputs may read a carry buffer (read before the write-back, inside the graph) or a persistent one
     static_inputs = _static_tree(inputs, {id(x) for x in persistent} | used)
-    binder = _Binder({"carry": static_carry, "inputs": static_inputs}, None, what="step inputs")
+    binder = Binder({"carry": static_carry, "inputs": static_inputs}, None, what="step inputs")
 
     with torch.cuda.device(device):
         gen = torch.cuda.default_generators[device.index]
@@ -149,6 +146,7 @@ def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: P
             new_carry, aux = fn(static_carry, static_inputs)
             T.tree_copy_(static_carry, new_carry)
         del new_carry
+    count_capture()
 
     stats = StepStats()
 

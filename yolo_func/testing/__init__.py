@@ -19,11 +19,14 @@ from yolo_func.testing.asserts import (
     assert_trees_all_equal_shapes,
     assert_trees_all_equal_structs,
 )
+from yolo_func.testing.captures import CaptureCount, assert_max_captures
 
 _STRATEGIES = ("generators", "images", "boxes_xyxy", "padded_targets")
 
 __all__ = [
+    "CaptureCount",
     "Dimensions",
+    "assert_max_captures",
     "assert_shape",
     "assert_tree_all_finite",
     "assert_tree_no_nones",

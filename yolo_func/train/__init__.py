@@ -2,6 +2,6 @@
 
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
 from yolo_func.train.state import Batch, TrainState
-from yolo_func.train.step import init_train_state, make_train_step, train_step
+from yolo_func.train.step import init_train_state, train_step
 
-__all__ = ["TrainState", "Batch", "train_step", "make_train_step", "init_train_state", "yolo_sgd", "YoloOptimizer"]
+__all__ = ["TrainState", "Batch", "train_step", "init_train_state", "yolo_sgd", "YoloOptimizer"]

@@ -1,22 +1,32 @@
 """Training steps that replay CUDA graphs, each bitwise equal to the eager :func:`train_step`.
 
-Levels (``capture=``):
+Levels (``capture=``), one small class each (:class:`_Level` and its subclasses below; adding a
+level is one subclass plus its entry in ``_LEVEL_CLASSES``):
 
-- ``"none"``: the eager step.
-- ``"network"`` (default on CUDA; the mission's shape): backbone + neck forward and backward are
-  replayed (:func:`yolo_func.capture.capture_vjp`); each head's apply and loss run eagerly as their
-  own functional calls; the heads' feature gradients are summed explicitly and copied into the
-  static cotangent buffers; one backward replay. The update that follows — the non-finite guard,
-  optimizer, EMA and metrics (:func:`yolo_func.train.step.finish_step`) — is replayed as a graph
-  of its own over the training state (``replay_update=True``, the default) or runs eagerly
-  (``replay_update=False``); either way it writes the static parameters.
-- ``"network+heads"``: as ``"network"``, and each head's apply forward/backward is replayed too,
-  as its own graph pair w.r.t. (head params, features) with a private pool, so every head keeps an
-  independent gradient; the assignment and the losses run eagerly.
-- ``"step"``: the whole eager step — network, heads, assignment, the static-shape losses, the
-  explicit gradient sum, the non-finite guard, optimizer and EMA — replayed as one graph
-  (:func:`yolo_func.capture.capture_step`), one capture per (batch shape, image size, target
-  bucket) in a bounded cache sharing one memory pool.
+- ``"none"`` (:class:`_EagerLevel`): the eager step.
+- ``"network"`` (:class:`_NetworkLevel`; default on CUDA; the mission's shape): backbone + neck
+  forward and backward are replayed (:func:`yolo_func.capture.capture_vjp`); each head's apply and
+  loss run eagerly as their own functional calls; the heads' feature gradients are summed
+  explicitly and copied into the static cotangent buffers; one backward replay. The update that
+  follows — the non-finite guard, optimizer, EMA and metrics (:func:`yolo_func.train.step.finish_step`)
+  — is replayed as a graph of its own over the training state (``replay_update=True``, the
+  default) or runs eagerly (``replay_update=False``); either way it writes the static parameters.
+- ``"network+heads"`` (:class:`_NetworkHeadsLevel`): as ``"network"``, and each head's apply
+  forward/backward is replayed too (:func:`capture_head`: a graph pair w.r.t. head params and
+  features with a private pool), so every head keeps an independent gradient; the assignment and
+  the losses run eagerly.
+- ``"step"`` (:class:`_StepLevel`): the whole eager step — network, heads, assignment, the
+  static-shape losses, the explicit gradient sum, the non-finite guard, optimizer and EMA —
+  replayed as one graph (:func:`yolo_func.capture.capture_step`).
+
+Images may be ``uint8[B, 3, H, W]`` (0..255) or floating in [0, 1]; uint8 images are divided by
+255 on the device inside the captured network forward (or the captured step), never as a separate
+eager op (:func:`yolo_func.train.step.normalize_images`).
+
+Capture budget: ``max_captures`` bounds the distinct input shapes (batch shape and image size at
+the network levels; plus the target bucket, mask and keypoint shapes at ``"step"``) held in one
+:class:`yolo_func.capture.CaptureCache`; the captures one shape needs (network, heads, update)
+count once.
 
 Gradient accumulation works at every level: the optimizer's :func:`yolo_func.optim.multi_steps`
 sums into buffers of its own (never the static gradient buffers a replay returns).
@@ -28,33 +38,170 @@ level but ``"none"``, unless ``replay_update=False``) are static buffers too: fe
 before the next call.
 
 Fallback: when capture cannot hold — the inputs are not on a CUDA device, a head is marked
-``capturable=False`` (for ``"network+heads"`` and ``"step"``), or the bounded cache is full — the step runs eagerly and
-one warning (``CaptureFallbackWarning``) names the reason, once per reason.
+``capturable=False`` (for ``"network+heads"`` and ``"step"``), or the bounded cache is full — the
+step runs eagerly and one warning (``CaptureFallbackWarning``) names the reason, once per reason.
 """
 
 from __future__ import annotations
 
-import functools
+import abc
 import warnings
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
 
 import torch
 
 from yolo_func import tree as T
 from yolo_func._types import Feats
-from yolo_func.capture import CaptureCache, CaptureUnavailable, capture_step, capture_vjp
+from yolo_func.capture import CaptureCache, Captured, CaptureUnavailable, capture_step, capture_vjp
 from yolo_func.models.yolov8 import Model
+from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates_
 from yolo_func.train.state import Batch, TrainState
-from yolo_func.train.step import finish_step, heads_backward, losses_backward, train_step
+from yolo_func.train.step import (
+    HeadsBackward,
+    finish_step,
+    heads_backward,
+    input_dtype,
+    losses_backward,
+    normalize_images,
+    train_step,
+)
 
-__all__ = ["LEVELS", "CaptureFallbackWarning", "ReplayTrainStep"]
-
-LEVELS = ("none", "network", "network+heads", "step")
+__all__ = ["LEVELS", "CaptureFallbackWarning", "HeadCapture", "ReplayTrainStep", "UpdateInputs", "capture_head"]
 
 
 class CaptureFallbackWarning(UserWarning):
     """A replay level could not hold and the step ran eagerly (the message says why)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Records
+# ------------------------------------------------------------------------------------------------
+class UpdateInputs(NamedTuple):
+    """What the update (:func:`yolo_func.train.step.finish_step`) reads besides the training state;
+    the inputs of the captured update graph.
+
+    Attributes:
+      grads: ``{"network": g_network, "heads": {h: g_params_h}}``.
+      new_state: ``{"network": ..., "heads": {h: ...}}``, the new BN statistics.
+      losses: ``{h: float32[]}``.
+      parts: ``{"h/part": float32[]}``.
+      feat_norms: ``{h: float32[]}``.
+      old_state: the BN statistics a skipped step keeps (``None`` without the non-finite guard).
+    """
+
+    grads: dict
+    new_state: dict
+    losses: dict
+    parts: dict
+    feat_norms: dict
+    old_state: dict | None
+
+
+class _Heads(NamedTuple):
+    """What a network level's heads hand to the update.
+
+    Attributes:
+      ts: the training state, with the heads' params and state adopted as static buffers when the
+        heads are replayed.
+      backward: :class:`yolo_func.train.step.HeadsBackward`.
+      old_state: the heads' BN statistics a skipped step keeps.
+      persistent: tensors the update graph reads where they live (static buffers of the heads'
+        graphs and snapshots refreshed in place).
+      captures: ``{h: HeadCapture}`` of the replayed heads (empty when they run eagerly).
+    """
+
+    ts: TrainState
+    backward: HeadsBackward
+    old_state: Any
+    persistent: list
+    captures: dict
+
+
+class HeadCapture(NamedTuple):
+    """One head's forward and its pullback w.r.t. ``(head params, features)`` as CUDA graphs
+    (:func:`capture_head`).
+
+    Attributes:
+      forward: ``(params, state, feats) -> (preds, new_state)``; replays; ``new_state`` is the
+        static state (BN statistics updated in place).
+      backward: ``g_preds -> (g_params, g_feats)``; replays; static gradient buffers.
+      captured: the underlying :class:`yolo_func.capture.Captured` (its ``static.params`` is
+        ``{"params": ..., "feats": ...}``).
+    """
+
+    forward: Callable[[dict, dict, Feats], tuple[Any, dict]]
+    backward: Callable[[Any], tuple[dict, Feats]]
+    captured: Captured
+
+    @property
+    def signature(self):
+        """The captured :class:`yolo_func.capture.CaptureSignature` (params and feats, state)."""
+        return self.captured.signature
+
+    @property
+    def params(self) -> dict:
+        """The static head parameters (update them in place only)."""
+        return self.captured.static.params["params"]
+
+    @property
+    def state(self) -> dict:
+        """The static head BN statistics."""
+        return self.captured.static.state
+
+
+def capture_head(head, params: dict, state: dict, feats: Feats, *, warmup: int = 3,
+                 autocast_dtype: torch.dtype | None = None) -> HeadCapture:
+    """Capture a head's training-mode apply and its pullback w.r.t. ``(params, feats)``.
+
+    The head's BN statistics are written in place into the static state buffers
+    (:func:`yolo_func.nn.update_stats_in_place`); the graphs get a private memory pool (the heads
+    of a step replay forward, forward, ..., backward, backward).
+
+    Args:
+      head: a :class:`yolo_func.heads.Head`.
+      params, state: the head's subtrees (on one CUDA device).
+      feats: :class:`yolo_func.Feats` ``(p3 float[B, C3, H/8, W/8], p4, p5)``.
+      warmup, autocast_dtype: as :func:`yolo_func.capture.capture_vjp`.
+
+    Returns:
+      :class:`HeadCapture`.
+
+    Raises:
+      CaptureUnavailable: as :func:`yolo_func.capture.capture_vjp`.
+    """
+    def fn(primals, s, x):
+        del x  # a head reads only its params and the features (both differentiated)
+        return head.apply(primals["params"], s, primals["feats"], train=True)
+
+    cap = capture_vjp(fn, {"params": params, "feats": feats}, state, warmup=warmup,
+                      autocast_dtype=autocast_dtype, forward_context=update_stats_in_place)
+
+    def forward(p: dict, s: dict, f: Feats):
+        return cap.forward({"params": p, "feats": f}, s, ())
+
+    def backward(g_preds):
+        g = cap.backward(g_preds)
+        return g["params"], g["feats"]
+
+    return HeadCapture(forward, backward, cap)
+
+
+def _holds(tree, static_tree) -> bool:
+    """Whether ``tree``'s leaves are ``static_tree``'s own tensors (the containers may be other
+    objects: a captured update returns its static carry rebuilt around the same tensors)."""
+    if tree is static_tree:
+        return True
+    a, b = T.tree_leaves(tree), T.tree_leaves(static_tree)
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _adopt(tree, static_tree):
+    """``static_tree`` holding ``tree``'s values: copied in unless it already is ``tree``."""
+    if not _holds(tree, static_tree):
+        T.tree_copy_(static_tree, tree)
+    return static_tree
 
 
 def _batch_key(batch: Batch) -> tuple:
@@ -66,6 +213,178 @@ def _batch_key(batch: Batch) -> tuple:
     )
 
 
+# ------------------------------------------------------------------------------------------------
+# Levels
+# ------------------------------------------------------------------------------------------------
+class _Level(abc.ABC):
+    """One way to run the step. ``__call__`` replays, or falls back to the eager step with one
+    warning per reason; subclasses say when they cannot hold (:meth:`unavailable`) and how they
+    replay (:meth:`replay`)."""
+
+    name: str = ""
+    needs_capturable_heads = False  # the heads run inside a graph
+
+    def __init__(self, owner: "ReplayTrainStep"):
+        self.owner = owner
+
+    def unavailable(self, batch: Batch) -> str | None:
+        """Why this level cannot replay ``batch`` (checked before any capture), or None."""
+        if batch.images.device.type != "cuda":
+            return f"the inputs are on {batch.images.device}, not a CUDA device"
+        if self.needs_capturable_heads:
+            not_capturable = [n for n, h in self.owner.model.heads.items() if not h.capturable]
+            if not_capturable:
+                return f"head(s) {not_capturable} are marked capturable=False"
+        return None
+
+    @abc.abstractmethod
+    def replay(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        """One step at this level; may raise :class:`yolo_func.capture.CaptureUnavailable`."""
+
+    def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        reason = self.unavailable(batch)
+        if reason is None:
+            try:
+                return self.replay(ts, batch)
+            except CaptureUnavailable as e:
+                reason = e.reason
+        self.owner._fallback(reason)
+        return self.owner._eager(ts, batch)
+
+
+class _EagerLevel(_Level):
+    """``"none"``: the eager step, always (on any device, nothing to fall back from)."""
+
+    name = "none"
+
+    def unavailable(self, batch: Batch) -> str | None:
+        return None
+
+    def replay(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        return self.owner._eager(ts, batch)
+
+
+class _StepLevel(_Level):
+    """``"step"``: the whole eager step captured as one graph per batch signature."""
+
+    name = "step"
+    needs_capturable_heads = True
+
+    def replay(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        o = self.owner
+        dtype = o._dtype(batch.images)
+
+        def fn(carry, inputs):
+            return train_step(carry, inputs, model=o.model, tx=o.tx, ema=o.ema, autocast_dtype=dtype,
+                              skip_nonfinite=o.skip_nonfinite)
+
+        cap = o.cache.get_or_capture(
+            _batch_key(batch),
+            lambda: capture_step(fn, ts, batch, warmup=o.warmup, pool=o.cache.pool, donate_carry=True),
+            part="step",
+        )
+        return cap.step(ts, batch)
+
+
+class _NetworkLevel(_Level):
+    """``"network"``: the network's forward/backward replayed; the heads eager (:meth:`heads`);
+    the update replayed (or eager with ``replay_update=False``)."""
+
+    name = "network"
+
+    def key(self, batch: Batch) -> Hashable:
+        """The cache key: what the network's and the update's graphs depend on."""
+        return (tuple(batch.images.shape), batch.images.dtype)
+
+    def replay(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        o, model, images = self.owner, self.owner.model, batch.images
+        dtype, key = o._dtype(images), self.key(batch)
+        to_float = input_dtype(ts.params["network"])
+
+        def net_fn(p, s, x):  # uint8 images are divided by 255 inside the captured forward
+            return model.network.apply(p, s, normalize_images(x, to_float), train=True)
+
+        cap = o.cache.get_or_capture(key, lambda: capture_vjp(
+            net_fn, ts.params["network"], ts.state["network"], images, warmup=o.warmup, autocast_dtype=dtype,
+            pool=o.cache.pool, forward_context=update_stats_in_place), part="network")
+        static = cap.static
+        # Adopt the static buffers as the state's network leaves (copies happen only on the first
+        # call with a fresh TrainState or after a switch between captures).
+        if not _holds(ts.params["network"], static.params):
+            ts = ts._replace(params={**ts.params, "network": _adopt(ts.params["network"], static.params)},
+                             state={**ts.state, "network": _adopt(ts.state["network"], static.state)})
+        # The replayed forward overwrites the static BN statistics; keep a copy for a skipped step.
+        old_net = o._snapshot((key, "network"), static.state) if o.skip_nonfinite else None
+        feats, net_state = cap.forward(static.params, static.state, images)
+        heads = self.heads(ts, Feats(*feats), batch.targets, dtype, key)
+        ts, hb = heads.ts, heads.backward
+        g_network = cap.backward(hb.g_feats)
+        old_state = None if old_net is None else {"network": old_net, "heads": heads.old_state}
+        inputs = UpdateInputs(grads={"network": g_network, "heads": hb.head_grads},
+                              new_state={"network": net_state, "heads": hb.head_states},
+                              losses=hb.losses, parts=hb.parts, feat_norms=hb.feat_norms, old_state=old_state)
+        if o.replay_update:
+            # static buffers of the replayed graphs and snapshots refreshed in place: read where they
+            # live (the BN statistics, network and heads, are carry leaves: read in place anyway)
+            persistent = T.tree_leaves([g_network, old_net, heads.persistent])
+            new_ts, metrics = o._update_replay(key, ts, inputs, persistent=persistent)
+        else:
+            new_ts, metrics = finish_step(ts, inputs.grads, inputs.new_state, inputs.losses, inputs.parts,
+                                          inputs.feat_norms, tx=o.tx, ema=o.ema, skip_nonfinite=o.skip_nonfinite,
+                                          apply=apply_updates_, old_model_state=inputs.old_state)
+        # Keep the BN statistics in the static buffers (a skipped step restores them there).
+        state = dict(new_ts.state)
+        state["network"] = _adopt(state["network"], static.state)
+        if heads.captures:
+            state["heads"] = {**state["heads"], **{n: _adopt(state["heads"][n], h.state)
+                                                   for n, h in heads.captures.items()}}
+        return new_ts._replace(state=state), metrics
+
+    def heads(self, ts: TrainState, feats: Feats, targets, dtype, key: Hashable) -> _Heads:
+        """Every head's forward, loss and pullback, eagerly."""
+        hb = heads_backward(self.owner.model, ts.params["heads"], ts.state["heads"], feats, targets,
+                            autocast_dtype=dtype)
+        return _Heads(ts, hb, ts.state["heads"], [], {})
+
+
+class _NetworkHeadsLevel(_NetworkLevel):
+    """``"network+heads"``: as ``"network"``, with each head's forward/backward replayed
+    (:func:`capture_head`, stored under the network's key: one shape, one budget entry)."""
+
+    name = "network+heads"
+    needs_capturable_heads = True
+
+    def heads(self, ts: TrainState, feats: Feats, targets, dtype, key: Hashable) -> _Heads:
+        o = self.owner
+        params_h, state_h = dict(ts.params["heads"]), dict(ts.state["heads"])
+        captures, preds, backups = {}, {}, {}
+        for name, head in o.model.heads.items():
+            hcap = o.cache.get_or_capture(key, lambda: capture_head(
+                head, params_h[name], state_h[name], feats, warmup=o.warmup, autocast_dtype=dtype),
+                part=("head", name))
+            if not _holds(params_h[name], hcap.params):
+                params_h[name], state_h[name] = _adopt(params_h[name], hcap.params), _adopt(state_h[name], hcap.state)
+            if o.skip_nonfinite:  # the replayed forward overwrites the static BN statistics
+                backups[name] = o._snapshot((key, "head", name), hcap.state)
+            preds[name], _ = hcap.forward(hcap.params, hcap.state, feats)
+            captures[name] = hcap
+        ts = ts._replace(params={**ts.params, "heads": params_h}, state={**ts.state, "heads": state_h})
+        lb = losses_backward(o.model, feats, preds, {n: h.backward for n, h in captures.items()}, targets)
+        hb = HeadsBackward(lb.g_feats, lb.head_grads, {n: h.state for n, h in captures.items()}, lb.losses,
+                           lb.parts, lb.feat_norms)
+        return _Heads(ts, hb, backups, [lb.head_grads, backups], captures)
+
+
+#: Every level, by name (the order of ``LEVELS``).
+_LEVEL_CLASSES: dict[str, type[_Level]] = {
+    cls.name: cls for cls in (_EagerLevel, _NetworkLevel, _NetworkHeadsLevel, _StepLevel)
+}
+LEVELS = tuple(_LEVEL_CLASSES)
+
+
+# ------------------------------------------------------------------------------------------------
+# The step
+# ------------------------------------------------------------------------------------------------
 class ReplayTrainStep:
     """A training step at a replay level (see the module docstring).
 
@@ -76,33 +395,36 @@ class ReplayTrainStep:
       channels_last: NHWC images (default on CUDA; keep the params NHWC too, as
         :func:`init_train_state` does on CUDA).
       skip_nonfinite: the non-finite policy of :mod:`yolo_func.train.step`.
-      max_captures: bound of the capture cache (distinct batch / image / bucket shapes).
+      max_captures: the bound on distinct input shapes (batch shape, image size, and at ``"step"``
+        the target bucket) with captures; the captures one shape needs (network, heads, update)
+        count once.
       warmup: eager warm-up runs before each capture.
       replay_update: at the ``"network"`` and ``"network+heads"`` levels, replay the update
         (guard, optimizer, EMA, metrics) as its own graph instead of running it eagerly; the
         update is static-shaped and free of host syncs whatever the heads do, and eagerly it costs
         tens of milliseconds of host time per step (hundreds of small tree operations).
 
-    Call: ``step(ts, batch) -> (ts, metrics)``.
+    Call: ``step(ts, batch) -> (ts, metrics)``; ``batch.images`` ``uint8[B, 3, H, W]`` (0..255) or
+    ``float[B, 3, H, W]`` in [0, 1].
+
+    Raises:
+      ValueError: an unknown ``capture`` level, or ``max_captures`` not an int >= 1.
     """
 
     def __init__(self, model: Model, tx, *, ema=None, capture: str = "network", autocast_dtype: Any = "auto",
                  channels_last: bool | None = None, skip_nonfinite: bool = True, max_captures: int = 4,
                  warmup: int = 3, replay_update: bool = True):
-        if capture not in LEVELS:
+        if capture not in _LEVEL_CLASSES:
             raise ValueError(f"[yolo_func] capture must be one of {list(LEVELS)}, got {capture!r}")
         self.model, self.tx, self.ema, self.capture = model, tx, ema, capture
         self.autocast_dtype, self.channels_last = autocast_dtype, channels_last
         self.skip_nonfinite, self.warmup, self.replay_update = skip_nonfinite, warmup, replay_update
-        self._updates: dict = {}  # network capture key -> the captured update (one per network capture)
         self.cache = CaptureCache(max_captures)
+        self._level = _LEVEL_CLASSES[capture](self)
         self._warned: set[str] = set()
-        self._dummy = None
-        self._head_caps: dict = {}
-        self._head_backups: dict = {}
-        self._backups: dict = {}  # key -> (static tree, its snapshot buffers); see _snapshot
+        self._backups: dict = {}  # (key, part) -> (static tree, its snapshot buffers); see _snapshot
 
-    # -- helpers ---------------------------------------------------------------------------
+    # -- helpers used by the levels -------------------------------------------------------------
     def _dtype(self, images: torch.Tensor):
         if self.autocast_dtype == "auto":
             return torch.bfloat16 if images.device.type == "cuda" else None
@@ -118,130 +440,31 @@ class ReplayTrainStep:
         if reason not in self._warned:
             self._warned.add(reason)
             warnings.warn(f"[yolo_func] capture={self.capture!r} falls back to the eager step: {reason}",
-                          CaptureFallbackWarning, stacklevel=3)
+                          CaptureFallbackWarning, stacklevel=4)
 
     def _eager(self, ts: TrainState, batch: Batch):
         return train_step(ts, batch, model=self.model, tx=self.tx, ema=self.ema,
                           autocast_dtype=self._dtype(batch.images), skip_nonfinite=self.skip_nonfinite)
 
-    # -- the step --------------------------------------------------------------------------
-    def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        batch = self._prepare(batch)
-        if self.capture == "none":
-            return self._eager(ts, batch)
-        if batch.images.device.type != "cuda":
-            self._fallback(f"the inputs are on {batch.images.device}, not a CUDA device")
-            return self._eager(ts, batch)
-        if self.capture in ("step", "network+heads"):
-            not_capturable = [n for n, h in self.model.heads.items() if not h.capturable]
-            if not_capturable:
-                self._fallback(f"head(s) {not_capturable} are marked capturable=False")
-                return self._eager(ts, batch)
-        try:
-            if self.capture == "step":
-                return self._step_replay(ts, batch)
-            return self._network_replay(ts, batch)
-        except CaptureUnavailable as e:
-            self._fallback(e.reason)
-            return self._eager(ts, batch)
+    def _update_replay(self, key: Hashable, ts: TrainState, inputs: UpdateInputs, *, persistent: list):
+        """:func:`finish_step` replayed from a graph of its own (one per network capture, stored
+        under the network's key), over the training state donated as its static carry.
 
-    def _step_replay(self, ts: TrainState, batch: Batch):
-        def fn(carry, inputs):
-            return train_step(carry, inputs, model=self.model, tx=self.tx, ema=self.ema,
-                              autocast_dtype=self._dtype(batch.images), skip_nonfinite=self.skip_nonfinite)
-
-        cap = self.cache.get_or_capture(
-            ("step",) + _batch_key(batch),
-            lambda: capture_step(fn, ts, batch, warmup=self.warmup, pool=self.cache.pool, donate_carry=True),
-        )
-        return cap.step(ts, batch)
-
-    def _network_replay(self, ts: TrainState, batch: Batch):
-        model, images = self.model, batch.images
-        dtype = self._dtype(images)
-
-        def net_fn(p, s, x):
-            return model.network.apply(p, s, x, train=True)
-
-        net_key = ("network", tuple(images.shape), images.dtype)
-        cap = self.cache.get_or_capture(
-            net_key,
-            lambda: capture_vjp(net_fn, ts.params["network"], ts.state["network"], images, warmup=self.warmup,
-                                autocast_dtype=dtype, pool=self.cache.pool),
-        )
-        static = cap.static
-        # Adopt the static buffers as the state's network leaves (copies happen only on the first
-        # call with a fresh TrainState or after a switch between captures).
-        if not _holds(ts.params["network"], static.params):
-            T.tree_copy_(static.params, ts.params["network"])
-            T.tree_copy_(static.state, ts.state["network"])
-            ts = ts._replace(params={**ts.params, "network": static.params}, state={**ts.state, "network": static.state})
-        old_net_state = None
-        if self.skip_nonfinite:
-            # The replayed forward overwrites the static BN statistics; keep a copy for a skipped step.
-            old_net_state = self._snapshot("network", static.state)
-        feats, net_state = cap.forward(static.params, static.state, images)
-        if self.capture == "network+heads":
-            ts, heads_out = self._heads_replay(ts, Feats(*feats), batch.targets, dtype)
-            g_feats, head_grads, head_states, losses, parts, norms = heads_out
-        else:
-            g_feats, head_grads, head_states, losses, parts, norms = heads_backward(
-                model, ts.params["heads"], ts.state["heads"], Feats(*feats), batch.targets, autocast_dtype=dtype
-            )
-        g_network = cap.backward(g_feats)
-        grads = {"network": g_network, "heads": head_grads}
-        new_state = {"network": net_state, "heads": head_states}
-        old_state = None
-        if old_net_state is not None:
-            old_heads = self._head_backups if self.capture == "network+heads" else ts.state["heads"]
-            old_state = {"network": old_net_state, "heads": old_heads}
-        if self.replay_update:
-            # static buffers of the replayed graphs and snapshots refreshed in place: read where they
-            # live (the BN statistics, network and heads, are carry leaves: read in place anyway)
-            persistent = [g_network, old_net_state]
-            if self.capture == "network+heads":
-                persistent += [head_grads, self._head_backups]
-            new_ts, metrics = self._update_replay(net_key, ts, (grads, new_state, losses, parts, norms, old_state),
-                                                  persistent=T.tree_leaves(persistent))
-        else:
-            new_ts, metrics = finish_step(ts, grads, new_state, losses, parts, norms, tx=self.tx, ema=self.ema,
-                                          skip_nonfinite=self.skip_nonfinite, apply=apply_updates_,
-                                          old_model_state=old_state)
-        # Keep the BN statistics in the static buffers (a skipped step restores them there).
-        if not _holds(new_ts.state["network"], static.state):
-            T.tree_copy_(static.state, new_ts.state["network"])
-            new_ts = new_ts._replace(state={**new_ts.state, "network": static.state})
-        if self.capture == "network+heads":
-            heads_state = dict(new_ts.state["heads"])
-            for name, hcap in self._head_caps.items():
-                if not _holds(heads_state[name], hcap.static.state):
-                    T.tree_copy_(hcap.static.state, heads_state[name])
-                    heads_state[name] = hcap.static.state
-            new_ts = new_ts._replace(state={**new_ts.state, "heads": heads_state})
-        return new_ts, metrics
-
-    def _update_replay(self, net_key, ts: TrainState, inputs: tuple, *, persistent: list):
-        """:func:`finish_step` replayed from a graph of its own (one per network capture and
-        level), over the training state donated as its static carry.
-
-        ``inputs = (grads, new_model_state, losses, parts, feat_norms, old_model_state)``; the
-        network's static gradients, BN statistics and their snapshot are read in place
+        The network's static gradients, BN statistics and their snapshot are read in place
         (``persistent``), the heads' eager outputs are copied in (one multi-tensor copy).
         """
-        def update(carry, inp):
-            grads, new_state, losses, parts, norms, old_state = inp
+        def update(carry, inp: UpdateInputs):
             # the pure apply_updates: the graph writes the new carry back into the donated state
-            return finish_step(carry, grads, new_state, losses, parts, norms, tx=self.tx, ema=self.ema,
-                               skip_nonfinite=self.skip_nonfinite, old_model_state=old_state)
+            return finish_step(carry, inp.grads, inp.new_state, inp.losses, inp.parts, inp.feat_norms,
+                               tx=self.tx, ema=self.ema, skip_nonfinite=self.skip_nonfinite,
+                               old_model_state=inp.old_state)
 
-        key = (self.capture,) + net_key
-        cap = self._updates.get(key)
-        if cap is None:
-            cap = self._updates[key] = capture_step(update, ts, inputs, warmup=self.warmup, pool=self.cache.pool,
-                                                    donate_carry=True, persistent=persistent)
+        cap = self.cache.get_or_capture(key, lambda: capture_step(
+            update, ts, inputs, warmup=self.warmup, pool=self.cache.pool, donate_carry=True,
+            persistent=persistent), part="update")
         return cap.step(ts, inputs)
 
-    def _snapshot(self, key, tree):
+    def _snapshot(self, key: Hashable, tree):
         """A copy of ``tree`` (static BN statistics a replayed forward is about to overwrite), in
         buffers allocated once per static tree and refreshed in place on later calls."""
         entry = self._backups.get(key)
@@ -251,54 +474,9 @@ class ReplayTrainStep:
             T.tree_copy_(entry[1], tree)
         return entry[1]
 
-    def _heads_replay(self, ts: TrainState, feats: Feats, targets, dtype):
-        """Each head's forward/backward replayed w.r.t. ``{"params": head params, "feats": feats}``
-        (private pools: the heads' graphs interleave forward, forward, ..., backward, backward)."""
-        model = self.model
-        if self._dummy is None:  # capture_vjp needs an input tree; the heads read only p2["feats"]
-            self._dummy = torch.zeros(1, device=feats[0].device)
-        self._head_caps, self._head_backups = {}, {}
-        params_h, state_h = dict(ts.params["heads"]), dict(ts.state["heads"])
-        preds = {}
-        for name, head in model.heads.items():
-            def fn(p2, s, x, head=head):
-                del x
-                return head.apply(p2["params"], s, p2["feats"], train=True)
-
-            key = ("head", name, tuple(tuple(f.shape) for f in feats), feats[0].dtype)
-            hcap = self.cache.get_or_capture(key, lambda: capture_vjp(
-                fn, {"params": params_h[name], "feats": feats}, state_h[name], self._dummy, warmup=self.warmup,
-                autocast_dtype=dtype))
-            st = hcap.static
-            if not _holds(params_h[name], st.params["params"]):
-                T.tree_copy_(st.params["params"], params_h[name])
-                T.tree_copy_(st.state, state_h[name])
-                params_h[name], state_h[name] = st.params["params"], st.state
-            if self.skip_nonfinite:  # the replayed forward overwrites the static BN statistics
-                self._head_backups[name] = self._snapshot(("head", name), st.state)
-            preds[name], _ = hcap.forward({"params": st.params["params"], "feats": feats}, st.state, self._dummy)
-            self._head_caps[name] = hcap
-        ts = ts._replace(params={**ts.params, "heads": params_h}, state={**ts.state, "heads": state_h})
-        pullbacks = {name: functools.partial(_param_feat_grads, hcap) for name, hcap in self._head_caps.items()}
-        g_feats, head_grads, losses, parts, norms = losses_backward(model, feats, preds, pullbacks, targets)
-        new_states = {name: hcap.static.state for name, hcap in self._head_caps.items()}
-        return ts, (g_feats, head_grads, new_states, losses, parts, norms)
+    # -- the step -------------------------------------------------------------------------------
+    def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        return self._level(ts, self._prepare(batch))
 
     def __repr__(self) -> str:
         return f"ReplayTrainStep(capture={self.capture!r}, cache={self.cache!r})"
-
-
-def _holds(tree, static_tree) -> bool:
-    """Whether ``tree``'s leaves are ``static_tree``'s own tensors (the containers may be other
-    objects: a captured update returns its static carry rebuilt around the same tensors)."""
-    if tree is static_tree:
-        return True
-    a, b = T.tree_leaves(tree), T.tree_leaves(static_tree)
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def _param_feat_grads(hcap, g_preds):
-    """A captured head's pullback in the eager form ``g_preds -> (g_params, g_feats)``."""
-    g = hcap.backward(g_preds)
-    return g["params"], g["feats"]
-

@@ -16,7 +16,7 @@ Nothing here synchronises with the host: metrics stay on the device until
 :func:`yolo_func.train.metrics.fetch_metrics` reads them at a log step.
 
 Numerics: the network and heads run under autocast when ``autocast_dtype`` is given (BF16 on CUDA
-by default in :func:`make_train_step`); every loss runs in float32 on float32 copies of the head
+by default in :class:`yolo_func.train.replay.ReplayTrainStep`); every loss runs in float32 on float32 copies of the head
 outputs (the gradient flows back through the cast), as the assignment does (trap T20).
 
 Non-finite policy: when the summed loss or the global gradient norm is not finite, the step is
@@ -29,16 +29,15 @@ and the offending loss parts.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from torch.func import vjp
 
 from yolo_func import tree as T
 from yolo_func._types import Assignment, Feats
 from yolo_func.assign.tal import assign_from_detect
+from yolo_func.func import autocast, first_order, flat_vjp  # re-exported: they live in yolo_func.func
 from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
@@ -49,6 +48,10 @@ __all__ = [
     "autocast",
     "first_order",
     "flat_vjp",
+    "HeadsBackward",
+    "LossesBackward",
+    "normalize_images",
+    "input_dtype",
     "network_vjp",
     "head_vjp",
     "loss_grad",
@@ -56,73 +59,9 @@ __all__ = [
     "losses_backward",
     "finish_step",
     "train_step",
-    "make_train_step",
     "init_train_state",
     "global_norm",
 ]
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    """``torch.autocast(device.type, dtype, cache_enabled=False)``, or a no-op when ``dtype`` is None.
-
-    The weight cache is off so eager and captured steps cast the same way (and capture is legal).
-    """
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype, cache_enabled=False)
-
-
-def first_order(pullback: Callable) -> Callable:
-    """``pullback`` run under ``torch.no_grad()``: a torch.func pullback then skips building a graph
-    of the backward (``create_graph=False``) and autograd picks the native first-order backward
-    kernels (e.g. one ``silu_backward`` instead of its five-op differentiable decomposition), as
-    ``loss.backward()`` does. :func:`yolo_func.capture.capture_vjp` records its backward the same
-    way, so eager and replayed gradients stay bitwise equal."""
-    def run(*cotangents):
-        with torch.no_grad():
-            return pullback(*cotangents)
-
-    return run
-
-
-def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
-    """``torch.func.vjp(fn, *primals, has_aux=True)`` with every tree crossing the transform as a
-    flat tuple of leaves.
-
-    torch.func walks its arguments, outputs and aux with torch's Python pytree on every call; for
-    the network's nested dicts (hundreds of leaves) that is milliseconds of host time per step.
-    Here optree (C++) flattens the primals, ``fn`` sees them rebuilt, and its outputs and aux
-    leave the transform flat. The aux must not depend on the primals (BN statistics do not: they
-    are updated in place on plain tensors).
-
-    Args:
-      fn: ``(*primals) -> (outputs, aux)``.
-      primals: pytrees of tensors (differentiated).
-
-    Returns:
-      ``(outputs, pullback: cotangents (outputs' tree) -> tuple of gradient trees, aux)``.
-    """
-    flat, defs = [], []
-    for p in primals:
-        leaves, treedef = T.tree_flatten(p)
-        flat.append(tuple(leaves))
-        defs.append(treedef)
-    box: dict[str, Any] = {}
-
-    def flat_fn(*leaf_tuples):
-        out, aux = fn(*(T.tree_unflatten(d, list(ls)) for d, ls in zip(defs, leaf_tuples)))
-        out_leaves, box["out_def"] = T.tree_flatten(out)
-        aux_leaves, box["aux_def"] = T.tree_flatten(aux)
-        return tuple(out_leaves), tuple(aux_leaves)
-
-    out_leaves, pullback, aux_leaves = vjp(flat_fn, *flat, has_aux=True)
-
-    def flat_pullback(cotangents: Any) -> tuple[Any, ...]:
-        grads = pullback(tuple(T.tree_leaves(cotangents)))
-        return tuple(T.tree_unflatten(d, list(g)) for d, g in zip(defs, grads))
-
-    return (T.tree_unflatten(box["out_def"], list(out_leaves)), flat_pullback,
-            T.tree_unflatten(box["aux_def"], list(aux_leaves)))
 
 
 def _stateful_vjp(apply: Callable[..., tuple[Any, Any]], state: Any, primals: tuple, device: torch.device,
@@ -143,18 +82,95 @@ def _stateful_vjp(apply: Callable[..., tuple[Any, Any]], state: Any, primals: tu
     return out, first_order(pullback), new_state
 
 
+class LossesBackward(NamedTuple):
+    """What :func:`losses_backward` returns.
+
+    Attributes:
+      g_feats: :class:`yolo_func.Feats`, the explicit sum of every head's feature gradients.
+      head_grads: ``{h: g_params_h}``.
+      losses: ``{h: float32[]}``, each head's loss.
+      parts: ``{"h/part": float32[]}``, the loss items.
+      feat_norms: ``{h: float32[]}``, the norm of each head's feature gradient.
+    """
+
+    g_feats: Feats
+    head_grads: dict
+    losses: dict
+    parts: dict
+    feat_norms: dict
+
+
+class HeadsBackward(NamedTuple):
+    """What :func:`heads_backward` returns: :class:`LossesBackward`'s fields plus the heads' new
+    BN statistics.
+
+    Attributes:
+      g_feats, head_grads, losses, parts, feat_norms: as :class:`LossesBackward`.
+      head_states: ``{h: new_state_h}``.
+    """
+
+    g_feats: Feats
+    head_grads: dict
+    head_states: dict
+    losses: dict
+    parts: dict
+    feat_norms: dict
+
+
+def normalize_images(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The network's input: ``uint8`` pixels (0..255) divided by 255 on their device, or floating
+    images in [0, 1] as they are (the same tensor).
+
+    Called inside the differentiated (and captured) network function, so a replayed step converts
+    on the device inside its graph. ``images.to(dtype) / 255`` is exactly what a caller computing
+    ``images.float() / 255`` gets, bit for bit.
+
+    Args:
+      images: ``uint8[B, 3, H, W]`` or ``float[B, 3, H, W]``.
+      dtype: the floating dtype for uint8 images (the network parameters' dtype).
+
+    Returns:
+      ``dtype[B, 3, H, W]`` for uint8 images (same memory format), else ``images`` itself.
+
+    Raises:
+      TypeError: ``images`` is neither uint8 nor floating.
+    """
+    if images.dtype == torch.uint8:
+        return images.to(dtype) / 255
+    if not images.is_floating_point():
+        raise TypeError(
+            f"[yolo_func] images must be uint8 (0..255) or floating (0..1), got {images.dtype}; "
+            f"convert them with images.to(torch.uint8) or images.float() / 255"
+        )
+    return images
+
+
+def input_dtype(params: Any) -> torch.dtype:
+    """The floating dtype uint8 images are converted to: the first floating leaf's of ``params``
+    (float32 when there is none)."""
+    for leaf in T.tree_leaves(params):
+        if leaf.is_floating_point():
+            return leaf.dtype
+    return torch.float32
+
+
 def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *, autocast_dtype=None):
     """Network forward with its pullback.
 
     Args:
       params, state: the ``network`` subtrees.
-      images: float[B, 3, H, W].
+      images: ``uint8[B, 3, H, W]`` (0..255; divided by 255 inside the differentiated function)
+        or ``float[B, 3, H, W]`` in [0, 1].
 
     Returns:
       ``(feats: Feats, pullback: Feats -> (g_params,), new_state)``.
     """
-    return _stateful_vjp(lambda p, s: model.features(p, s, images, train=True), state, (params,),
-                         images.device, autocast_dtype)
+    dtype = input_dtype(params)
+
+    def features(p, s):
+        return model.features(p, s, normalize_images(images, dtype), train=True)
+
+    return _stateful_vjp(features, state, (params,), images.device, autocast_dtype)
 
 
 def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=None):
@@ -209,9 +225,9 @@ def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, fea
       targets: padded :class:`yolo_func.Targets`.
 
     Returns:
-      ``(g_feats: Feats (explicit sum over heads), head_grads: {h: g_params_h},
+      :class:`HeadsBackward` ``(g_feats: Feats (explicit sum over heads), head_grads: {h: g_params_h},
       head_states: {h: new_state_h}, losses: {h: float32[]}, parts: {"h/part": float32[]},
-      feat_grad_norms: {h: float32[]})``.
+      feat_norms: {h: float32[]})``.
     """
     preds, pullbacks, new_states = {}, {}, {}
     for name, head in model.heads.items():
@@ -220,7 +236,7 @@ def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, fea
         )
     g_feats, head_grads, losses, parts, norms = losses_backward(model, feats, preds, pullbacks, targets,
                                                                assign_kw=assign_kw)
-    return g_feats, head_grads, new_states, losses, parts, norms
+    return HeadsBackward(g_feats, head_grads, new_states, losses, parts, norms)
 
 
 def losses_backward(model: Model, feats: Feats, preds: Mapping, pullbacks: Mapping, targets: Any, *,
@@ -235,8 +251,8 @@ def losses_backward(model: Model, feats: Feats, preds: Mapping, pullbacks: Mappi
       targets: padded :class:`yolo_func.Targets`.
 
     Returns:
-      ``(g_feats: Feats, head_grads: {h: g_params_h}, losses: {h: float32[]},
-      parts: {"h/part": float32[]}, feat_grad_norms: {h: float32[]})``.
+      :class:`LossesBackward` ``(g_feats: Feats, head_grads: {h: g_params_h}, losses: {h: float32[]},
+      parts: {"h/part": float32[]}, feat_norms: {h: float32[]})``.
     """
     assignment = assign_from_detect(preds["detect"], targets, model.anchors(feats), reg_max=model.reg_max,
                                     **(assign_kw or {}))
@@ -247,7 +263,7 @@ def losses_backward(model: Model, feats: Feats, preds: Mapping, pullbacks: Mappi
         norms[name] = global_norm(g_f)
         g_feats = g_f if g_feats is None else T.tree_add(g_feats, g_f)  # the explicit sum over heads
         parts.update({f"{name}/{k}": v for k, v in head_parts.items()})
-    return Feats(*g_feats), head_grads, losses, parts, norms
+    return LossesBackward(Feats(*g_feats), head_grads, losses, parts, norms)
 
 
 def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapping, parts: Mapping,
@@ -295,7 +311,9 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
 
     Args:
       ts: :class:`TrainState`.
-      batch: ``Batch(images float[B, 3, H, W], targets)``.
+      batch: ``Batch(images, targets)``; images ``uint8[B, 3, H, W]`` (0..255, divided by 255 on
+        the device inside the network's differentiated function: :func:`normalize_images`) or
+        ``float[B, 3, H, W]`` in [0, 1].
       model: the :class:`Model` whose params ``ts`` holds.
       tx: a :class:`yolo_func.optim.GradientTransformation` accepting ``skip=`` (e.g. wrapped in
         :func:`yolo_func.optim.multi_steps`).
@@ -337,24 +355,3 @@ def init_train_state(model: Model, tx, gen: torch.Generator, *, device: torch.de
     zero = torch.zeros((), dtype=torch.int64, device=device)
     ema_state = ema.init({"params": params, "state": state}) if ema is not None else None
     return TrainState(params, state, tx.init(params), ema_state, zero, zero.clone())
-
-
-def make_train_step(model: Model, tx, *, ema=None, autocast_dtype: torch.dtype | None | str = "auto",
-                    skip_nonfinite: bool = True, channels_last: bool | None = None) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """Bind the static arguments of :func:`train_step`.
-
-    ``autocast_dtype="auto"`` means BF16 on CUDA and no autocast elsewhere. ``channels_last``
-    (default: on CUDA) converts the images to NHWC memory to match NHWC parameters.
-    """
-
-    def step(ts: TrainState, batch: Batch):
-        images = batch.images
-        dtype = autocast_dtype
-        if dtype == "auto":
-            dtype = torch.bfloat16 if images.device.type == "cuda" else None
-        cl = channels_last if channels_last is not None else images.device.type == "cuda"
-        if cl:
-            batch = Batch(images.contiguous(memory_format=torch.channels_last), batch.targets)
-        return train_step(ts, batch, model=model, tx=tx, ema=ema, autocast_dtype=dtype, skip_nonfinite=skip_nonfinite)
-
-    return step

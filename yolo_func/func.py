@@ -1,0 +1,106 @@
+"""Generic ``torch.func`` helpers shared by the eager step (:mod:`yolo_func.train`) and the captured
+one (:mod:`yolo_func.capture`), so both differentiate and cast the same way.
+
+Low floor: imports only torch and :mod:`yolo_func.tree`.
+
+- :func:`autocast`: ``torch.autocast`` with the weight cache off (capture-safe, and eager casts
+  the same way as a replay).
+- :func:`first_order`: a pullback run under ``torch.no_grad()`` (native first-order backward
+  kernels, no graph of the backward).
+- :func:`flat_vjp`: ``torch.func.vjp`` whose trees cross the transform as flat leaf tuples.
+
+Example:
+  >>> import torch
+  >>> out, pullback, aux = flat_vjp(lambda p: ({"y": p["w"] * 3.0}, {"n": torch.tensor(1)}),
+  ...                               {"w": torch.tensor([1.0, 2.0])})
+  >>> first_order(pullback)({"y": torch.tensor([1.0, 1.0])})[0]["w"]
+  tensor([3., 3.])
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.func import vjp
+
+from yolo_func import tree as T
+
+__all__ = ["autocast", "first_order", "flat_vjp"]
+
+
+def autocast(device: torch.device | str, dtype: torch.dtype | None):
+    """``torch.autocast(device.type, dtype, cache_enabled=False)``, or a no-op when ``dtype`` is None.
+
+    The weight cache is off so eager and captured steps cast the same way (and capture is legal:
+    the cache would freeze a half-precision copy of the parameters made at capture time into the
+    graph).
+
+    Args:
+      device: the device (or its type string, e.g. ``"cuda"``) the autocast region runs on.
+      dtype: ``torch.bfloat16``, ``torch.float16`` or None.
+    """
+    if dtype is None:
+        return contextlib.nullcontext()
+    device_type = device if isinstance(device, str) else device.type
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
+
+
+def first_order(pullback: Callable) -> Callable:
+    """``pullback`` run under ``torch.no_grad()``: a torch.func pullback then skips building a graph
+    of the backward (``create_graph=False``) and autograd picks the native first-order backward
+    kernels (e.g. one ``silu_backward`` instead of its five-op differentiable decomposition), as
+    ``loss.backward()`` does. :func:`yolo_func.capture.capture_vjp` records its backward through
+    this too, so eager and replayed gradients stay bitwise equal.
+
+    Args:
+      pullback: ``(*cotangents, **kwargs) -> gradients`` (keyword arguments such as
+        ``retain_graph=False`` are passed through).
+    """
+    def run(*cotangents, **kwargs):
+        with torch.no_grad():
+            return pullback(*cotangents, **kwargs)
+
+    return run
+
+
+def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
+    """``torch.func.vjp(fn, *primals, has_aux=True)`` with every tree crossing the transform as a
+    flat tuple of leaves.
+
+    torch.func walks its arguments, outputs and aux with torch's Python pytree on every call; for
+    the network's nested dicts (hundreds of leaves) that is milliseconds of host time per step.
+    Here optree (C++) flattens the primals, ``fn`` sees them rebuilt, and its outputs and aux
+    leave the transform flat. The aux must not depend on the primals (BN statistics do not: they
+    are updated in place on plain tensors).
+
+    Args:
+      fn: ``(*primals) -> (outputs, aux)``.
+      primals: pytrees of tensors (differentiated).
+
+    Returns:
+      ``(outputs, pullback: cotangents (outputs' tree) -> tuple of gradient trees, aux)``.
+    """
+    flat, defs = [], []
+    for p in primals:
+        leaves, treedef = T.tree_flatten(p)
+        flat.append(tuple(leaves))
+        defs.append(treedef)
+    box: dict[str, Any] = {}
+
+    def flat_fn(*leaf_tuples):
+        out, aux = fn(*(T.tree_unflatten(d, list(ls)) for d, ls in zip(defs, leaf_tuples)))
+        out_leaves, box["out_def"] = T.tree_flatten(out)
+        aux_leaves, box["aux_def"] = T.tree_flatten(aux)
+        return tuple(out_leaves), tuple(aux_leaves)
+
+    out_leaves, pullback, aux_leaves = vjp(flat_fn, *flat, has_aux=True)
+
+    def flat_pullback(cotangents: Any) -> tuple[Any, ...]:
+        grads = pullback(tuple(T.tree_leaves(cotangents)))
+        return tuple(T.tree_unflatten(d, list(g)) for d, g in zip(defs, grads))
+
+    return (T.tree_unflatten(box["out_def"], list(out_leaves)), flat_pullback,
+            T.tree_unflatten(box["aux_def"], list(aux_leaves)))
