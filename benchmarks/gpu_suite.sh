@@ -6,7 +6,10 @@
 # any process failed; the logs say which tests.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-C="timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m cuda -rf"
+# Unbuffered, so a log killed by the timeout still shows how far it got; a hang dumps tracebacks;
+# four threads each, so the four processes do not oversubscribe the host's cores.
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+C="timeout ${SUITE_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -m cuda -rf --durations=5 -o faulthandler_timeout=${HANG_S:-150}"
 $C tests/capture/test_replay_step.py -k "network and not heads" > "$OUT/suite_a.log" 2>&1 & a=$!
 $C tests/capture/test_replay_step.py -k "heads" > "$OUT/suite_b.log" 2>&1 & b=$!
 $C tests/capture/test_replay_step.py -k "not network" > "$OUT/suite_c.log" 2>&1 & c=$!

@@ -120,6 +120,13 @@ def _strict_mismatch(a: torch.Tensor, b: torch.Tensor) -> str | None:
     return None
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, device and values, checked where the tensors live (``torch.equal``: NaN is never
+    equal). The fast path: a GPU training state has millions of elements, and the float64 CPU copies
+    of :func:`_common` are only needed to describe a difference (or to compare across dtypes)."""
+    return a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
+
+
 def _common(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Detached CPU copies in a dtype wide enough for both (float64, or complex128)."""
     dt = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
@@ -203,6 +210,8 @@ def assert_trees_all_close(
         if strict and (why := _strict_mismatch(a, b)):
             lines.append(f"{where}: {why}")
             continue
+        if _same_bits(a, b):
+            continue
         x, y = _common(a, b)
         ok = torch.isclose(x, y, rtol=rtol, atol=atol, equal_nan=equal_nan)
         if not bool(ok.all()):
@@ -238,6 +247,8 @@ def assert_trees_all_equal(*trees: PyTree, strict: bool = False) -> None:
             continue
         if strict and (why := _strict_mismatch(a, b)):
             lines.append(f"{where}: {why}")
+            continue
+        if _same_bits(a, b):
             continue
         x, y = _common(a, b)
         ok = x == y  # NaN != NaN, as torch.equal
