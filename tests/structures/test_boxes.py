@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yolo_func.losses import bbox2dist, bbox_iou, dist2bbox
+from yolo_func.structures import bbox2dist, bbox_iou, dist2bbox
 
 coord = st.floats(-100, 100, allow_nan=False)
 side = st.floats(0.5, 80, allow_nan=False)
