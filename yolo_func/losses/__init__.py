@@ -6,14 +6,14 @@ The box codecs, the IoU family, the fused CIoU and the DFL decode live in
 so ``from yolo_func.losses import bbox_iou, ciou, ...`` keeps working.
 """
 
+from yolo_func.losses.box import bbox2dist, bbox_iou, dist2bbox
+from yolo_func.losses.ciou import ciou  # via the submodule, so the package attribute is the function
 from yolo_func.losses.cls import cls_loss
-from yolo_func.losses.dfl import dfl_loss
+from yolo_func.losses.dfl import dfl_expectation, dfl_loss
 from yolo_func.losses.heads import LossFn, LossGains, detect_loss, pose_loss, segment_loss
 from yolo_func.losses.keypoint import COCO_SIGMAS, keypoint_losses, keypoint_sigmas
 from yolo_func.losses.mask import gather_positive_slots, mask_loss
 from yolo_func.losses.precision import at_least_f32
-from yolo_func.structures.boxes import bbox2dist, bbox_iou, dfl_expectation, dist2bbox
-from yolo_func.structures.ciou import ciou
 
 __all__ = [
     "dist2bbox",

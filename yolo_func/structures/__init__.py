@@ -1,4 +1,5 @@
-"""Boxes (layouts, codecs, the IoU family), padded static-shape targets and the batch record."""
+"""Boxes (layouts, codecs, the IoU family), padded static-shape targets, the batch record and
+the step's input checks."""
 
 from yolo_func.structures.records import Batch, Targets
 
@@ -12,8 +13,10 @@ from yolo_func.structures.boxes import (
     xywh_to_xyxy,
     xyxy_to_xywh,
 )
+from yolo_func.structures.checks import check_batch, check_targets
 from yolo_func.structures.ciou import ciou
 from yolo_func.structures.targets import (
+    TargetsReport,
     bucket_size,
     check_finite,
     pad_targets,
@@ -38,7 +41,10 @@ __all__ = [
     "bucket_size",
     "targets_from_flat",
     "targets_from_lists",
+    "TargetsReport",
     "pad_targets",
+    "check_batch",
+    "check_targets",
     "validate_targets",
     "validate_preds",
     "check_finite",
