@@ -14,6 +14,29 @@ import time
 __all__ = ["main"]
 
 
+def _image_size(text: str) -> int:
+    """argparse ``type=`` for ``--imgsz``: a positive multiple of 32 (the network's largest stride)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive multiple of 32 (e.g. 640), got {text!r}") from None
+    if value < 32 or value % 32:
+        hint = max(32, -(-value // 32) * 32)
+        raise argparse.ArgumentTypeError(f"expected a positive multiple of 32 (e.g. 640), got {value}; try {hint}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    """argparse ``type=`` for counts such as ``--batch``: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def _demo(args: argparse.Namespace) -> int:
     import torch
 
@@ -54,17 +77,29 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``yolo-func`` console script."""
+    """Entry point of the ``yolo-func`` console script.
+
+    Args:
+      argv: the arguments after the program name; None reads ``sys.argv[1:]``.
+
+    Returns:
+      The exit status: 0 on success; 2 for a usage error (argparse prints the usage and one
+      ``yolo-func demo: error: argument --imgsz: ...`` line to stderr) or for a ``ValueError`` /
+      ``TypeError`` raised by the library (printed as one ``error: ...`` line).
+    """
     parser = argparse.ArgumentParser(prog="yolo-func", description="Functional YOLOv8 training with torch.func")
     sub = parser.add_subparsers(dest="command")
     demo = sub.add_parser("demo", help="one forward pass on a random image; prints shapes and parameter count")
     demo.add_argument("--scale", default="n", choices=list("nsmlx"))
     demo.add_argument("--task", default="detect", choices=["detect", "segment", "pose"])
-    demo.add_argument("--imgsz", type=int, default=640, help="square input size, a multiple of 32")
-    demo.add_argument("--batch", type=int, default=1)
+    demo.add_argument("--imgsz", type=_image_size, default=640, help="square input size, a positive multiple of 32")
+    demo.add_argument("--batch", type=_positive_int, default=1, help="number of images (>= 1)")
     demo.add_argument("--seed", type=int, default=0)
     sub.add_parser("info", help="parameter counts of every scale and task")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # usage errors (2) and --help (0): return the status instead of exiting
+        return e.code if isinstance(e.code, int) else 2
     if args.command is None:
         parser.print_help()
         return 0

@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 
 from yolo_func._types import Anchors, Assignment, DetectPreds, Targets
-from yolo_func.losses.box import dist2bbox
-from yolo_func.losses.ciou import ciou
-from yolo_func.losses.dfl import dfl_expectation
+from yolo_func.structures.boxes import dfl_expectation, dist2bbox
+from yolo_func.structures.ciou import ciou
 
 __all__ = ["assign", "assign_from_detect"]
 

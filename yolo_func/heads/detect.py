@@ -14,10 +14,9 @@ import torch
 
 from yolo_func._types import Anchors, DetectPreds, Feats
 from yolo_func.heads.base import LEVELS, Head, flatten_levels, multi_level
-from yolo_func.losses.box import dist2bbox
-from yolo_func.losses.dfl import dfl_expectation
-from yolo_func.losses.heads import detect_loss
+from yolo_func.losses.heads import detect_loss  # the head owns its loss (docs/design.md)
 from yolo_func.nn import conv_weight
+from yolo_func.structures.boxes import dfl_expectation, dist2bbox
 
 __all__ = ["detect_head", "detect_channels", "decode_detect"]
 

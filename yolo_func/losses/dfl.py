@@ -1,28 +1,16 @@
-"""Distribution focal loss helpers (REFERENCE.md §1.6, §2.4)."""
+"""Distribution focal loss (REFERENCE.md §1.6, §2.4).
+
+The DFL decode (:func:`dfl_expectation`, bin logits -> distances) is a codec used by the head's
+decode and the assigner too; it lives in :mod:`yolo_func.structures.boxes` and is re-exported here.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from yolo_func.structures.boxes import dfl_expectation
+
 __all__ = ["dfl_expectation", "dfl_loss"]
-
-
-def dfl_expectation(box_dist: torch.Tensor, reg_max: int = 16) -> torch.Tensor:
-    """Expected distance per side: softmax over the ``R`` bins of each side, then ``sum_j j * p_j``.
-
-    Args:
-      box_dist: float[..., 4*R] raw logits, side-major (left, top, right, bottom) x R bins.
-      reg_max: R (16).
-
-    Returns:
-      float[..., 4] distances in grid units.
-    """
-    shape = box_dist.shape[:-1]
-    if box_dist.shape[-1] != 4 * reg_max:
-        raise ValueError(f"[yolo_func] box_dist last dim must be 4*reg_max={4 * reg_max}, got {box_dist.shape[-1]}")
-    p = box_dist.reshape(*shape, 4, reg_max).softmax(-1)
-    proj = torch.arange(reg_max, device=box_dist.device, dtype=p.dtype)
-    return p.matmul(proj)  # a matmul, as the reference's loss decode does (same rounding)
 
 
 def dfl_loss(box_dist: torch.Tensor, target: torch.Tensor, *, reg_max: int = 16) -> torch.Tensor:

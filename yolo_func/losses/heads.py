@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from yolo_func._types import Assignment, DetectPreds, PosePreds, SegmentPreds, Targets
-from yolo_func.losses.box import bbox2dist, dist2bbox
-from yolo_func.losses.ciou import ciou
 from yolo_func.losses.cls import cls_loss
-from yolo_func.losses.dfl import dfl_expectation, dfl_loss
+from yolo_func.losses.dfl import dfl_loss
 from yolo_func.losses.keypoint import keypoint_losses, keypoint_sigmas
 from yolo_func.losses.mask import mask_loss
 from yolo_func.losses.precision import at_least_f32
+from yolo_func.structures.boxes import bbox2dist, dfl_expectation, dist2bbox
+from yolo_func.structures.ciou import ciou
 
 __all__ = ["LossGains", "detect_loss", "segment_loss", "pose_loss", "LossFn"]
 

@@ -1,6 +1,6 @@
 """YOLOv8 network (backbone + neck) and models."""
 
-from yolo_func.models.backbone import backbone, backbone_channels
+from yolo_func.models.backbone import backbone
 from yolo_func.models.neck import neck, neck_channels
 from yolo_func.models.scales import SCALES, Scale, channels, get_scale, repeats
 from yolo_func.models.yolov8 import TASKS, Inference, Model, check_images, network, yolov8
@@ -12,7 +12,6 @@ __all__ = [
     "channels",
     "repeats",
     "backbone",
-    "backbone_channels",
     "neck",
     "neck_channels",
     "network",

@@ -11,12 +11,7 @@ import torch
 from yolo_func.models.scales import Scale, channels, repeats
 from yolo_func.nn import Layer, c2f, conv_bn_act, sppf
 
-__all__ = ["backbone", "backbone_channels"]
-
-
-def backbone_channels(scale: Scale) -> tuple[int, int, int]:
-    """Output channels of (P3, P4, P5) of the backbone."""
-    return channels(256, scale), channels(512, scale), channels(1024, scale)
+__all__ = ["backbone"]
 
 
 def backbone(scale: Scale) -> Layer:

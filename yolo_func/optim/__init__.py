@@ -24,7 +24,6 @@ from yolo_func.optim.ema import Ema, EmaState, ema, ema_decay
 from yolo_func.optim.labels import YOLO_GROUPS, yolo_param_labels
 from yolo_func.optim.schedules import (
     YoloSchedules,
-    constant_schedule,
     cosine_lf,
     interp_warmup,
     linear_lf,
@@ -81,7 +80,6 @@ __all__ = [
     "sgd",
     "adamw",
     # schedules
-    "constant_schedule",
     "linear_lf",
     "cosine_lf",
     "interp_warmup",

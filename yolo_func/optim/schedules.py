@@ -29,7 +29,6 @@ import torch
 from yolo_func.optim.base import GradientTransformation, Schedule
 
 __all__ = [
-    "constant_schedule",
     "linear_lf",
     "cosine_lf",
     "interp_warmup",
@@ -112,23 +111,6 @@ def _as64(x: torch.Tensor | float | int, device: torch.device | None = None) -> 
         return x.to(dtype=_F64)
     # torch.full launches a fill kernel; torch.tensor would copy from the host (not capturable).
     return torch.full((), float(x), dtype=_F64, device=device)
-
-
-def constant_schedule(value: float) -> Schedule:
-    """``step -> value`` as a float64 0-dim tensor on the step's device.
-
-    Args:
-      value: the constant.
-
-    Returns:
-      A schedule ``(int64[] step) -> float64[]``.
-    """
-    value = float(value)
-
-    def schedule(step: torch.Tensor) -> torch.Tensor:
-        return torch.full((), value, dtype=_F64, device=step.device)
-
-    return schedule
 
 
 def linear_lf(lrf: float, epochs: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -42,6 +42,7 @@ from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates, global_norm
+from yolo_func.structures.checks import check_batch
 from yolo_func.train.state import Batch, TrainState
 
 __all__ = [
@@ -325,6 +326,7 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
       ``(new TrainState, metrics)``: metrics hold ``loss/<head>/<part>`` (the reference's loss
       items), ``feat_grad_norm/<head>``, ``loss``, ``grad_norm``, ``finite``, ``stepped``, ``step``.
     """
+    check_batch(batch, in_channels=model.in_channels)  # metadata only: no host sync, safe under capture
     images = batch.images
     feats, net_pullback, net_state = network_vjp(model, ts.params["network"], ts.state["network"], images,
                                                  autocast_dtype=autocast_dtype)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yolo_func.losses import bbox_iou, ciou
+from yolo_func.structures import bbox_iou, ciou
 
 coord = st.floats(-50, 50, allow_nan=False).map(lambda v: round(v, 1))  # coarse: ties happen
 side = st.floats(0.0, 40, allow_nan=False).map(lambda v: round(v, 1))  # zero width/height too
