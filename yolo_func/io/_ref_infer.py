@@ -141,7 +141,7 @@ def scale_from_state_dict(state_dict: Mapping[str, Any]) -> str:
     width = _shape(state_dict, _STEM, 4)[0]
     by_width = {channels(64, sc): name for name, sc in SCALES.items()}
     if width not in by_width:
-        known = ", ".join(f"{n} {c}" for c, n in sorted((c, n) for n, c in by_width.items()))
+        known = ", ".join(f"{n} {c}" for c, n in sorted(by_width.items()))
         raise ValueError(
             f"[yolo_func] infer_reference_model: {_STEM!r} has {width} output channels; the YOLOv8 scales have "
             f"{known}: not a stock YOLOv8 scale"
