@@ -42,7 +42,7 @@ from yolo_func.models import yolov8
 from yolo_func.testing import assert_trees_all_equal
 
 FIXTURE = Path(__file__).parent / "fixtures" / "yolov8n-pose-kpt3x2-nc3.pt"
-EXPECTED = "expected a YOLOv8 checkpoint written by torch.save (a zip archive holding data.pkl, or the legacy pickle format)"
+EXPECTED = "Expected a YOLOv8 checkpoint written by torch.save (a zip archive holding data.pkl, or the legacy pickle format)"
 
 
 def fp16(sd):
@@ -178,7 +178,9 @@ def test_missing_file(loader, tmp_path):
         with pytest.raises(FileNotFoundError) as ei:
             loader(arg)
         msg = str(ei.value)
-        assert msg.startswith(f"[yolo_func] reference checkpoint {str(path)!r} does not exist (working directory ")
+        assert msg == f"[yolo_func] reference checkpoint {str(path)!r} does not exist; pass the path of a YOLOv8 .pt file, e.g. yolov8n.pt"
+    with pytest.raises(FileNotFoundError, match=r"^\[yolo_func\] reference checkpoint 'nope\.pt' does not exist \(relative to the working directory '.+'\); pass"):
+        loader("nope.pt")
     with pytest.raises(FileNotFoundError, match=r"^\[yolo_func\] reference checkpoint .*nope"):
         load_reference_weights(yolov8("n"), path)
 
@@ -198,14 +200,14 @@ def _not_a_checkpoint(path, why_regex: str) -> str:
 
 def test_empty_text_directory_and_foreign_zip(tmp_path):
     (tmp_path / "empty.pt").write_bytes(b"")
-    _not_a_checkpoint(tmp_path / "empty.pt", r": it is empty \(0 bytes\);")
+    _not_a_checkpoint(tmp_path / "empty.pt", r": it is empty \(0 bytes\)\. Expected")
     (tmp_path / "notes.pt").write_text("epochs: 10\nlr: 0.01\n")
-    _not_a_checkpoint(tmp_path / "notes.pt", r": it starts with b'epochs: ' \(a text file\?\), not a zip archive or a pickle;")
+    _not_a_checkpoint(tmp_path / "notes.pt", r": it starts with b'epochs: ' \(a text file\?\), not a zip archive or a pickle\. Expected")
     (tmp_path / "dir.pt").mkdir()
-    _not_a_checkpoint(tmp_path / "dir.pt", r": it is a directory;")
+    _not_a_checkpoint(tmp_path / "dir.pt", r": it is a directory\. Expected")
     with zipfile.ZipFile(tmp_path / "other.zip", "w") as z:
         z.writestr("hello.txt", "not torch")
-    _not_a_checkpoint(tmp_path / "other.zip", r": it is a zip archive without '<folder>/data\.pkl' \(it holds 'hello\.txt'\);")
+    _not_a_checkpoint(tmp_path / "other.zip", r": it is a zip archive without '<folder>/data\.pkl' \(it holds 'hello\.txt'\)\. Expected")
     _not_a_checkpoint(io.BytesIO(b""), r"it is empty")
     with pytest.raises(TypeError, match=r"^\[yolo_func\] read_reference_checkpoint: path must be"):
         read_reference_checkpoint(42)
@@ -218,11 +220,11 @@ def test_truncated_checkpoint(keep, tmp_path):
     data = FIXTURE.read_bytes()
     path = tmp_path / "cut.pt"
     path.write_bytes(data[: int(len(data) * keep)])  # the zip's central directory (at the end) is gone
-    _not_a_checkpoint(path, r": it is a damaged zip archive \(.+\); a truncated download\?;")
+    _not_a_checkpoint(path, r": it is a damaged zip archive \(.+\): a truncated download\?\. Expected")
     legacy = tmp_path / "legacy.pt"
     torch.save({"model": {"w": torch.zeros(64)}}, legacy, _use_new_zipfile_serialization=False)
     legacy.write_bytes(legacy.read_bytes()[:-40])  # the legacy (pickle) format, cut inside its storages
-    _not_a_checkpoint(legacy, r": reading it failed \(\w+: .*\); a truncated or damaged file\?;")
+    _not_a_checkpoint(legacy, r": reading it failed \(\w+: .*\): a truncated or damaged file\?\. Expected")
     path.write_bytes(data)  # and the whole file reads
     assert len(read_reference_checkpoint(path).state_dict) == 397
 

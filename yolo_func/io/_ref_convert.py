@@ -281,7 +281,7 @@ def _from_reference(
         n = len(missing) + len(unexpected) + len(mismatched) + len(invalid)
         listing = (
             f"{'the' if n <= REPORT_LIMIT else f'{REPORT_LIMIT} of the'} {n} problem(s) "
-            f"(from_reference(..., strict=False).report lists all; with base= it also loads what fits):"
+            f"(strict=False returns them all in its .report and loads what fits, with base= filling the rest):"
         )
         raise ValueError("\n".join([head, *_hints(model, state_dict, source, builder, kpt_shape), listing, report.format(REPORT_LIMIT)]))
     base_flat = {"params": {}, "state": {}}

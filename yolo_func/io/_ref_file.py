@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 _EXPECTED = (
-    "expected a YOLOv8 checkpoint written by torch.save (a zip archive holding data.pkl, or the legacy "
+    "Expected a YOLOv8 checkpoint written by torch.save (a zip archive holding data.pkl, or the legacy "
     "pickle format), e.g. yolov8n.pt or a trainer's weights/last.pt"
 )
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -99,15 +99,16 @@ def _describe(path: Any) -> str:
 
 
 def _not_a_checkpoint(name: str, why: str) -> ValueError:
-    return ValueError(f"[yolo_func] {name!r} is not a PyTorch checkpoint: {why}; {_EXPECTED}")
+    return ValueError(f"[yolo_func] {name!r} is not a PyTorch checkpoint: {why}. {_EXPECTED}.")
 
 
 def _check_file(path: Any, name: str) -> None:
     """Cheap checks before unpickling: the path exists, is a file, and starts like a torch file."""
     if isinstance(path, (str, PathLike)):
         if not os.path.exists(path):
+            where = "" if os.path.isabs(path) else f" (relative to the working directory {os.getcwd()!r})"
             raise FileNotFoundError(
-                f"[yolo_func] reference checkpoint {name!r} does not exist (working directory {os.getcwd()!r}); "
+                f"[yolo_func] reference checkpoint {name!r} does not exist{where}; "
                 f"pass the path of a YOLOv8 .pt file, e.g. yolov8n.pt"
             )
         if os.path.isdir(path):
@@ -141,7 +142,7 @@ def _check_zip(path: Any, name: str) -> None:
         with zipfile.ZipFile(path) as z:
             members = z.namelist()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise _not_a_checkpoint(name, f"it is a damaged zip archive ({e}); a truncated download?") from e
+        raise _not_a_checkpoint(name, f"it is a damaged zip archive ({e}): a truncated download?") from e
     finally:
         if pos is not None:
             path.seek(pos)
@@ -158,7 +159,7 @@ def _load(path: Any, name: str) -> Any:
         raise RefusedGlobalError(f"{e} (in {name!r})") from None
     except Exception as e:  # whatever a damaged or foreign file makes torch / pickle / zipfile raise
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
-        raise _not_a_checkpoint(name, f"reading it failed ({why}); a truncated or damaged file?") from e
+        raise _not_a_checkpoint(name, f"reading it failed ({why}): a truncated or damaged file?") from e
 
 
 def _module_state_dict(obj: PickledObject, prefix: str, out: dict[str, torch.Tensor], where: str) -> None:
@@ -242,7 +243,7 @@ def read_reference_checkpoint(path: str | PathLike | IO[bytes]) -> ReferenceChec
       whose entry is already a state dict gives that dict and no metadata.
 
     Raises:
-      FileNotFoundError: ``path`` does not exist (named, with the working directory).
+      FileNotFoundError: ``path`` does not exist (named; a relative one with the working directory).
       ValueError: not a checkpoint (empty, text, random bytes, a zip without torch's layout,
         truncated), or no usable ``ema`` / ``model`` entry; the message names the file.
       RefusedGlobalError: the file references a global outside the allow-list (named); nothing ran.
@@ -260,11 +261,11 @@ def read_reference_checkpoint(path: str | PathLike | IO[bytes]) -> ReferenceChec
         else:
             raise ValueError(
                 f"[yolo_func] checkpoint {name!r} has neither an 'ema' nor a 'model' entry (keys {sorted(map(str, ckpt))}); "
-                f"{_EXPECTED}"
+                f"{_EXPECTED}."
             )
     else:
         raise ValueError(
-            f"[yolo_func] checkpoint {name!r} must hold a dict with 'ema'/'model', got a {type(ckpt).__name__}; {_EXPECTED}"
+            f"[yolo_func] checkpoint {name!r} must hold a dict with 'ema'/'model', got a {type(ckpt).__name__}. {_EXPECTED}."
         )
     if isinstance(root, Mapping) and all(isinstance(v, torch.Tensor) for v in root.values()):
         return ReferenceCheckpoint({str(k): v.detach() for k, v in root.items()}, entry=where)
