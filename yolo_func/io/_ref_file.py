@@ -217,8 +217,9 @@ def _metadata(root: PickledObject, ckpt: Any, where: str) -> dict[str, Any]:
     # kpt_shape: the head module built the tensors from it, so it wins over the model's copies.
     kpt = None
     try:
-        head = attrs["_modules"]["model"].state["_modules"][str(HEAD_LAYER)]
-        kpt = _kpt_shape(_module_dict(head, f"{where}.model.{HEAD_LAYER}").get("kpt_shape"))
+        layers = _module_dict(attrs["_modules"]["model"], f"{where}.model")
+        head = _module_dict(layers["_modules"][str(HEAD_LAYER)], f"{where}.model.{HEAD_LAYER}")
+        kpt = _kpt_shape(head.get("kpt_shape"))
     except (KeyError, AttributeError, TypeError, ValueError):
         pass
     kpt = kpt or _kpt_shape(attrs.get("kpt_shape")) or _kpt_shape((yaml or {}).get("kpt_shape"))
