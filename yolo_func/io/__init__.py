@@ -1,6 +1,7 @@
-"""Reading and writing weights: the reference (Ultralytics YOLOv8) state-dict layout and safe
-reading of its checkpoint files (:mod:`yolo_func.io.ultralytics`); our own atomic pytree
-checkpoints (:mod:`yolo_func.io.checkpoint`)."""
+"""Reading and writing weights: the reference (Ultralytics YOLOv8) state-dict layout, the model a
+reference file holds and safe reading of its checkpoint files (:mod:`yolo_func.io.ultralytics`, the
+facade over the internal ``_ref_*`` / ``_safe_pickle`` modules); our own atomic pytree checkpoints
+(:mod:`yolo_func.io.checkpoint`)."""
 
 from yolo_func.io.checkpoint import FORMAT, load_checkpoint, read_checkpoint, save_checkpoint
 
@@ -10,12 +11,20 @@ from yolo_func.io.ultralytics import (
     Loaded,
     LoadReport,
     PickledObject,
+    ReferenceCheckpoint,
+    ReferenceModel,
+    ReferenceSpec,
     RefEntry,
+    RefusedGlobalError,
     from_reference,
+    infer_reference_model,
+    infer_reference_spec,
     load_reference_checkpoint,
+    load_reference_model,
     load_reference_weights,
     our_path,
     reference_key,
+    read_reference_checkpoint,
     reference_layout,
     restricted_pickle,
     to_reference,
@@ -31,12 +40,20 @@ __all__ = [
     "Loaded",
     "LoadReport",
     "PickledObject",
+    "ReferenceCheckpoint",
+    "ReferenceModel",
+    "ReferenceSpec",
     "RefEntry",
+    "RefusedGlobalError",
     "from_reference",
+    "infer_reference_model",
+    "infer_reference_spec",
     "load_reference_checkpoint",
+    "load_reference_model",
     "load_reference_weights",
     "our_path",
     "reference_key",
+    "read_reference_checkpoint",
     "reference_layout",
     "restricted_pickle",
     "to_reference",
