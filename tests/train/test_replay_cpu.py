@@ -142,3 +142,16 @@ def test_holds_compares_leaves_not_containers():
     assert _holds({"x": a, "y": {"z": b}}, static)  # other dicts, the same tensors
     assert not _holds({"x": a.clone(), "y": {"z": b}}, static)  # equal values, another tensor
     assert not _holds({"x": a}, static)
+
+
+def test_replay_step_rejects_a_bad_batch_at_the_door():
+    """``ReplayTrainStep`` runs the metadata boundary check before any level (and any capture):
+    an image size that is not a multiple of 32 is a ValueError naming ``batch.images``."""
+    from yolo_func.structures import targets_from_lists
+
+    model = yolov8("n", task="detect", num_classes=2)
+    ts = init_train_state(model, sgd(0.01), torch.Generator().manual_seed(0))
+    t = targets_from_lists([torch.tensor([[2.0, 2, 20, 20]])], [torch.tensor([0])], image_size=(48, 64))
+    for capture in ("none", "network", "step"):
+        with pytest.raises(ValueError, match=r"batch\.images"):
+            ReplayTrainStep(model, sgd(0.01), capture=capture)(ts, Batch(torch.zeros(1, 3, 48, 64), t))

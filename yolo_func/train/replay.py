@@ -57,6 +57,7 @@ from yolo_func.capture import CaptureCache, Captured, CaptureUnavailable, captur
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates_
+from yolo_func.structures.checks import check_batch
 from yolo_func.train.state import Batch, TrainState
 from yolo_func.train.step import (
     HeadsBackward,
@@ -431,6 +432,9 @@ class ReplayTrainStep:
         return self.autocast_dtype
 
     def _prepare(self, batch: Batch) -> Batch:
+        # The boundary check (metadata only: no host sync) before anything is captured or copied
+        # into static buffers; train_step repeats it for the eager paths.
+        check_batch(batch, in_channels=self.model.in_channels)
         cl = self.channels_last if self.channels_last is not None else batch.images.device.type == "cuda"
         if cl and not batch.images.is_contiguous(memory_format=torch.channels_last):
             batch = Batch(batch.images.contiguous(memory_format=torch.channels_last), batch.targets)
