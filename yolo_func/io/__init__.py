@@ -2,7 +2,7 @@
 reading of its checkpoint files (:mod:`yolo_func.io.ultralytics`); our own atomic pytree
 checkpoints (:mod:`yolo_func.io.checkpoint`)."""
 
-from yolo_func.io.checkpoint import FORMAT, load_checkpoint, read_checkpoint, save_checkpoint
+from yolo_func.io.checkpoint import FORMAT, atomic_write, load_checkpoint, read_checkpoint, restore_tree, save_checkpoint
 
 from yolo_func.io.ultralytics import (
     HEAD_LAYER,
@@ -26,6 +26,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint",
+    "restore_tree",
+    "atomic_write",
     "HEAD_LAYER",
     "NETWORK_LAYERS",
     "Loaded",
