@@ -9,11 +9,15 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yolo_func import tree as T
 from yolo_func import yolov8
@@ -292,3 +296,23 @@ def test_folder_naming_resume_and_latest(tmp_path):
     assert resumed.path == newer.path and resumed.resumable
     explicit = RunDir.for_config(apply_overrides(DETECT, [f"train.out={old.path}"]), root=tmp_path)
     assert explicit.path == old.path and explicit.resumable  # an existing out with last.pt resumes
+
+
+@settings(parent=settings.get_profile("ci"), max_examples=15)
+@given(metrics=st.lists(st.one_of(st.none(), st.floats(0, 1, allow_nan=False), st.sampled_from([0.1234564, 0.1234562])),
+                        min_size=1, max_size=8), data=st.data())
+def test_best_flags_follow_the_running_max_and_resume_keeps_a_prefix(metrics, data):
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir(Path(tmp) / "r", task="detect")
+        flags = [run.log_epoch(_row(e, m)) for e, m in enumerate(metrics, start=1)]
+        best_so_far, expected = -1.0, []
+        for m in metrics:  # an independent running max over the validated epochs
+            expected.append(m is not None and m > best_so_far)
+            best_so_far = max(best_so_far, m) if m is not None else best_so_far
+        assert flags == expected
+        k = data.draw(st.integers(0, len(metrics)))
+        run = RunDir(Path(tmp) / "r", task="detect")
+        run.begin(DETECT, position=DataPosition(k, 0, 0))
+        rows = run.read_results()
+        assert [r["epoch"] for r in rows] == list(range(1, k + 1))
+        assert [r["box/mAP50-95"] for r in rows] == metrics[:k]  # floats read back exactly

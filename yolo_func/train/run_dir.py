@@ -107,7 +107,7 @@ def _cell(v: Any) -> str:
         raise TypeError(f"[yolo_func] results.csv cells are numbers; got {v!r}")
     if isinstance(v, int):
         return str(v)
-    return f"{float(v):.6g}"
+    return repr(float(v))  # the shortest text that reads back as the same float: best-epoch choices survive a reopen
 
 
 class RunDir:
