@@ -316,3 +316,23 @@ def test_best_flags_follow_the_running_max_and_resume_keeps_a_prefix(metrics, da
         rows = run.read_results()
         assert [r["epoch"] for r in rows] == list(range(1, k + 1))
         assert [r["box/mAP50-95"] for r in rows] == metrics[:k]  # floats read back exactly
+
+
+@pytest.mark.cuda
+def test_cuda_train_state_and_generators_round_trip(tmp_path):
+    dev = torch.device("cuda")
+    opt = yolo_sgd(batch_size=4, batches_per_epoch=8, epochs=3)
+    ts = init_train_state(yolov8("n"), opt.tx, torch.Generator().manual_seed(0), device=dev, ema=ema())  # NHWC on CUDA
+    gen = torch.Generator(device=dev).manual_seed(3)
+    torch.rand(1, device=dev)  # the default CUDA generator exists
+    path = save_training_checkpoint(tmp_path / "last.pt", ts, config=DETECT, position=DataPosition(1, 2, 0),
+                                    rng=capture_rng({"augment": gen}))
+    ck = load_training_checkpoint(path, T.tree_zeros_like(ts), config=DETECT)
+    assert_trees_all_equal(ck.train_state, ts, strict=True)
+    conv = next(x for _, x in T.tree_items(ck.train_state.params) if x.dim() == 4)
+    assert conv.is_cuda and conv.is_contiguous(memory_format=torch.channels_last)  # the template's layout
+    expected = (torch.rand(4, generator=gen, device=dev), torch.rand(4, device=dev))
+    gen.manual_seed(99), torch.cuda.manual_seed(99)
+    restore_rng(ck.rng, {"augment": gen})
+    got = (torch.rand(4, generator=gen, device=dev), torch.rand(4, device=dev))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
