@@ -110,6 +110,8 @@ def test_did_you_mean_for_unknown_keys():
         apply_overrides(cfg, ["optim=1"])
     with pytest.raises(ValueError, match=r"'optim.lr0' is not 'key=value'"):
         apply_overrides(cfg, ["optim.lr0"])
+    with pytest.raises(TypeError, match=r"expects a list of 'key=value' strings; got the string 'optim.lr0=1': wrap it in a list"):
+        apply_overrides(cfg, "optim.lr0=1")
 
 
 @pytest.mark.parametrize("override, key, expected", [

@@ -203,6 +203,8 @@ def apply_overrides(config: Config, overrides: Iterable[str] | Mapping[str, Any]
     """
     if not isinstance(config, Config):
         raise TypeError(f"[yolo_func] apply_overrides expects a Config; got {type(config).__name__}")
+    if isinstance(overrides, str):
+        raise TypeError(f"[yolo_func] apply_overrides expects a list of 'key=value' strings; got the string {overrides!r}: wrap it in a list")
     infos = {f.key: f for f in field_info()}
     items = list(overrides.items()) if isinstance(overrides, Mapping) else [_split(o) for o in overrides]
     values: dict[str, Any] = {}
