@@ -82,3 +82,38 @@ def test_refuses_foreign_files_and_code(tmp_path):
     with pytest.raises(Exception):
         read_checkpoint(tmp_path / "evil.pt")
     assert not (tmp_path / "pwned").exists()
+
+
+def test_truncated_empty_and_foreign_files_are_refused_naming_the_file(tmp_path):
+    path = save_checkpoint(tmp_path / "ck.pt", {"a": torch.arange(50_000.0)})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+    with pytest.raises(ValueError, match=rf"checkpoint '{path}' is a torch archive that is truncated or damaged \({len(data) // 3} bytes; "):
+        read_checkpoint(path)
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=rf"checkpoint '{path}' is empty \(0 bytes\)"):
+        read_checkpoint(path)
+    path.write_text('{"format": "yolo_func.checkpoint/1"}')
+    with pytest.raises(ValueError, match=r"is not a torch checkpoint file \(it starts with b'\{\"format\": \"'\); delete it"):
+        read_checkpoint(path)
+    torch.save({"format": FORMAT, "tensors": [1, 2]}, path)
+    with pytest.raises(ValueError, match=r"has format 'yolo_func.checkpoint/1' but no \{path: tensor\} 'tensors' table"):
+        read_checkpoint(path)
+
+
+def test_extra_round_trips_and_older_files_without_it_load(tmp_path):
+    extra = {"format": "x/1", "rng": torch.arange(5, dtype=torch.uint8), "position": {"epoch": 2}}
+    path = save_checkpoint(tmp_path / "ck.pt", {"a": torch.ones(2)}, extra=extra)
+    payload = read_checkpoint(path)
+    assert payload["extra"]["position"] == {"epoch": 2} and torch.equal(payload["extra"]["rng"], extra["rng"])
+    torch.save({"format": FORMAT, "tensors": {"a": torch.ones(2)}, "config": {}, "meta": {}}, tmp_path / "old.pt")
+    assert read_checkpoint(tmp_path / "old.pt")["extra"] == {}
+
+
+def test_views_into_a_larger_buffer_are_saved_compactly(tmp_path):
+    flat = torch.arange(1_000_000.0)
+    tree = {"a": flat[10:20], "b": flat[::100_000]}
+    path = save_checkpoint(tmp_path / "ck.pt", tree)
+    assert path.stat().st_size < 100_000  # not the 4 MB buffer behind the views
+    loaded, _, _ = load_checkpoint(path, T.tree_zeros_like(tree))
+    assert torch.equal(loaded["a"], flat[10:20]) and torch.equal(loaded["b"], flat[::100_000])

@@ -3,7 +3,7 @@ reference file holds and safe reading of its checkpoint files (:mod:`yolo_func.i
 facade over the internal ``_ref_*`` / ``_safe_pickle`` modules); our own atomic pytree checkpoints
 (:mod:`yolo_func.io.checkpoint`)."""
 
-from yolo_func.io.checkpoint import FORMAT, load_checkpoint, read_checkpoint, save_checkpoint
+from yolo_func.io.checkpoint import FORMAT, atomic_write, load_checkpoint, read_checkpoint, restore_tree, save_checkpoint
 
 from yolo_func.io.ultralytics import (
     HEAD_LAYER,
@@ -35,6 +35,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint",
+    "restore_tree",
+    "atomic_write",
     "HEAD_LAYER",
     "NETWORK_LAYERS",
     "Loaded",

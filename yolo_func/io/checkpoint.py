@@ -1,58 +1,57 @@
 """Checkpoints of pytrees (params, BN state, optimizer state, EMA, step) plus a config.
 
 Format: one ``torch.save`` file holding only plain data — ``{"format", "tensors": {path: tensor},
-"config": dict, "meta": dict}`` — so it loads with ``torch.load(weights_only=True)`` and never
-executes code. Functions (model, heads, optimizer) are not stored: they are rebuilt from the config,
+"config": dict, "meta": dict, "extra": dict}`` — so it loads with ``torch.load(weights_only=True)``
+and never executes code. ``extra`` (optional; ``{}`` in files written before it existed) carries
+plain data and tensors that are not part of the tree, e.g. the data position and RNG states of a
+resumable training checkpoint (:mod:`yolo_func.train.checkpoint`). Functions (model, heads, optimizer) are not stored: they are rebuilt from the config,
 and the saved tensors are poured into a *template* tree of the same structure (big_vision's
 ``load(init_params, ...)`` contract).
 
 Writes are atomic: the payload goes to a temporary file in the same folder, is flushed and
-fsync'ed, then ``os.replace``'d over the target, so an interruption leaves either the old or the
-new checkpoint, never a torn one.
+fsync'ed, then ``os.replace``'d over the target, so an interruption (even SIGKILL) leaves either
+the old or the new checkpoint, never a torn one (:func:`atomic_write`). A truncated, damaged or
+foreign file is refused with a ``ValueError`` naming it.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from yolo_func import tree as T
 
-__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "read_checkpoint"]
+__all__ = ["FORMAT", "TEMP_SUFFIX", "atomic_write", "save_checkpoint", "load_checkpoint", "read_checkpoint", "restore_tree"]
 
 FORMAT = "yolo_func.checkpoint/1"
+#: Temporary files of :func:`atomic_write` are ``.<name>.<random>.tmp`` beside the target; a process
+#: killed mid-write leaves one behind (the target itself is intact), safe to delete when no write runs.
+TEMP_SUFFIX = ".tmp"
 
 
-def save_checkpoint(path: str | os.PathLike, tree: Any, *, config: dict | None = None, meta: dict | None = None) -> Path:
-    """Atomically write ``tree`` (any pytree of tensors) with a plain-data ``config`` and ``meta``.
-
-    Tensors are copied to the CPU (a host sync; call it between steps, not inside one).
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    """Write a file atomically: ``write(f)`` fills a temporary file in the same folder, which is
+    flushed, fsync'ed and renamed over ``path`` (``os.replace``); the folder is fsync'ed so the
+    rename is durable. A reader sees the old file or the new one, never a part.
 
     Args:
-      path: target file; parent folders are created.
-      tree: e.g. a ``TrainState``.
-      config: plain Python data (str, int, float, bool, None, lists, dicts) to rebuild the functions.
-      meta: plain Python data for humans (epoch, metrics, ...).
+      path: the target; parent folders are created.
+      write: called once with the open binary temporary file.
 
     Returns:
       The path written.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "format": FORMAT,
-        "tensors": {p: x.detach().to("cpu", memory_format=torch.contiguous_format).clone() for p, x in T.tree_items(tree)},
-        "config": config or {},
-        "meta": meta or {},
-    }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -71,21 +70,125 @@ def save_checkpoint(path: str | os.PathLike, tree: Any, *, config: dict | None =
     return path
 
 
+def _own_cpu_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` on the CPU, owning exactly its storage: a view into a larger buffer (e.g. a flat static
+    buffer) is copied so the file holds only its elements; a CPU tensor that owns its whole storage
+    is saved as is (``torch.save`` copies its bytes; strides are kept)."""
+    y = x.detach().to("cpu")
+    if y.storage_offset() or y.untyped_storage().nbytes() != y.numel() * y.element_size():
+        y = y.contiguous().clone() if y.is_contiguous() else y.contiguous()
+    return y
+
+
+def save_checkpoint(path: str | os.PathLike, tree: Any, *, config: dict | None = None, meta: dict | None = None,
+                    extra: dict | None = None) -> Path:
+    """Atomically write ``tree`` (any pytree of tensors) with a plain-data ``config`` and ``meta``.
+
+    Tensors are copied to the CPU (a host sync; call it between steps, not inside one).
+
+    Args:
+      path: target file; parent folders are created.
+      tree: e.g. a ``TrainState``.
+      config: plain Python data (str, int, float, bool, None, lists, dicts) to rebuild the functions.
+      meta: plain Python data for humans (epoch, metrics, ...).
+      extra: plain data and CPU tensors that are not part of ``tree`` (RNG states, data position).
+
+    Returns:
+      The path written.
+    """
+    payload = {
+        "format": FORMAT,
+        "tensors": {p: _own_cpu_copy(x) for p, x in T.tree_items(tree)},
+        "config": config or {},
+        "meta": meta or {},
+        "extra": extra or {},
+    }
+    return atomic_write(path, lambda f: torch.save(payload, f))
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _unreadable(path: Path, error: BaseException) -> ValueError:
+    """A ValueError saying why ``path`` cannot be a checkpoint (truncated archive or foreign file)."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    size = path.stat().st_size
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else 'no detail'}"
+    if size == 0:
+        what = "is empty (0 bytes)"
+    elif head.startswith(_ZIP_MAGIC):
+        what = f"is a torch archive that is truncated or damaged ({size} bytes; {reason})"
+    else:
+        what = f"is not a torch checkpoint file (it starts with {head[:12]!r})"
+    return ValueError(f"[yolo_func] checkpoint {str(path)!r} {what}; delete it or give another file")
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict:
-    """Read the raw payload ``{"format", "tensors", "config", "meta"}`` (plain data only).
+    """Read the raw payload ``{"format", "tensors", "config", "meta", "extra"}`` (plain data only;
+    ``torch.load(weights_only=True)`` never runs code from the file).
 
     Raises:
       FileNotFoundError: no such file.
-      ValueError: not a yolo_func checkpoint.
+      ValueError: the file is empty, truncated or damaged, not a torch file (a JSON, random bytes, a
+        pickle with code), or another program's torch file; the message names the file.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"[yolo_func] no checkpoint at {str(path)!r}")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except Exception as e:  # a truncated zip (RuntimeError or OSError EINVAL), EOFError, UnpicklingError, ...
+        raise _unreadable(path, e) from e
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"[yolo_func] {str(path)!r} is not a {FORMAT} checkpoint (format: {got!r})")
+        keys = f", keys {sorted(map(str, payload))[:6]}" if isinstance(payload, dict) else ""
+        raise ValueError(f"[yolo_func] {str(path)!r} is not a {FORMAT} checkpoint (format: {got!r}{keys}); "
+                         "reference (Ultralytics) weights load with yolo_func.io.load_reference_checkpoint")
+    tensors = payload.get("tensors")
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()):
+        raise ValueError(f"[yolo_func] checkpoint {str(path)!r} has format {FORMAT!r} but no {{path: tensor}} 'tensors' table; the file is damaged")
+    for key in ("config", "meta", "extra"):
+        payload.setdefault(key, {})
+        if not isinstance(payload[key], dict):
+            raise ValueError(f"[yolo_func] checkpoint {str(path)!r}: {key!r} is a {type(payload[key]).__name__}, expected a dict; the file is damaged")
     return payload
+
+
+def restore_tree(tensors: dict[str, torch.Tensor], template: Any, *, source: str = "checkpoint", config: Any = None) -> Any:
+    """Pour ``{path: tensor}`` into the structure of ``template`` (same paths and shapes).
+
+    Each leaf takes the template leaf's device, dtype and memory format.
+
+    Args:
+      tensors: saved leaves by ``/``-path (a payload's ``"tensors"``).
+      template: a tree of the wanted structure (e.g. a freshly initialised ``TrainState``).
+      source: names the origin in messages (the file).
+      config: shown in the message on a mismatch.
+
+    Raises:
+      ValueError: the paths/shapes differ; the message lists missing (`` - ``), unexpected
+        (`` + ``) and mis-shaped (`` ~ ``) paths, e.g. for a checkpoint of another scale or task.
+    """
+    items = T.tree_items(template)
+    want = {p: x for p, x in items}
+    lines = [f" - {p} (in the template, not in the checkpoint)" for p in want if p not in tensors]
+    lines += [f" + {p} (in the checkpoint, not in the template)" for p in tensors if p not in want]
+    for p, x in items:
+        if p in tensors and tuple(tensors[p].shape) != tuple(x.shape):
+            lines.append(f" ~ {p}: checkpoint {list(tensors[p].shape)} != template {list(x.shape)}")
+    if lines:
+        shown = "\n".join(lines[:40]) + (f"\n ... and {len(lines) - 40} more" if len(lines) > 40 else "")
+        raise ValueError(f"[yolo_func] checkpoint {source!r} (config {config}) does not fit the template:\n{shown}")
+
+    def restore(x: torch.Tensor, saved_x: torch.Tensor) -> torch.Tensor:
+        fmt = torch.channels_last if (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()) else torch.contiguous_format
+        return saved_x.to(device=x.device, dtype=x.dtype).contiguous(memory_format=fmt)
+
+    leaves = [restore(x, tensors[p]) for p, x in items]
+    return T.tree_unflatten(T.tree_structure(template), leaves)
 
 
 def load_checkpoint(path: str | os.PathLike, template: Any) -> tuple[Any, dict, dict]:
@@ -102,22 +205,5 @@ def load_checkpoint(path: str | os.PathLike, template: Any) -> tuple[Any, dict, 
         another scale or task.
     """
     payload = read_checkpoint(path)
-    saved = payload["tensors"]
-    items = T.tree_items(template)
-    want = {p: x for p, x in items}
-    lines = [f" - {p} (in the template, not in the checkpoint)" for p in want if p not in saved]
-    lines += [f" + {p} (in the checkpoint, not in the template)" for p in saved if p not in want]
-    for p, x in items:
-        if p in saved and tuple(saved[p].shape) != tuple(x.shape):
-            lines.append(f" ~ {p}: checkpoint {list(saved[p].shape)} != template {list(x.shape)}")
-    if lines:
-        shown = "\n".join(lines[:40]) + (f"\n ... and {len(lines) - 40} more" if len(lines) > 40 else "")
-        cfg = payload["config"]
-        raise ValueError(f"[yolo_func] checkpoint {str(path)!r} (config {cfg}) does not fit the template:\n{shown}")
-
-    def restore(x: torch.Tensor, saved_x: torch.Tensor) -> torch.Tensor:
-        fmt = torch.channels_last if (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()) else torch.contiguous_format
-        return saved_x.to(device=x.device, dtype=x.dtype).contiguous(memory_format=fmt)
-
-    leaves = [restore(x, saved[p]) for p, x in items]
-    return T.tree_unflatten(T.tree_structure(template), leaves), payload["config"], payload["meta"]
+    tree = restore_tree(payload["tensors"], template, source=str(path), config=payload["config"])
+    return tree, payload["config"], payload["meta"]

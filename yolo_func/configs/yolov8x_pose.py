@@ -1,0 +1,16 @@
+"""YOLOv8x (extra-large) pose estimation: the reference recipe ``yolov8x-pose``.
+
+The reference's ``default.yaml``: 640 px, batch 16, 100 epochs, SGD lr0 0.01 with warmup,
+accumulation to the nominal batch 64, EMA, mosaic closed for the last 10 epochs.
+``model.num_classes`` comes from the data.
+
+    yolo-func train --model yolov8x-pose --data /data/coco-pose
+    yolo-func train --model yolov8x-pose --data /data/coco-pose optim.lr0=0.02 train.epochs=300
+"""
+
+from yolo_func.configs.base import Config, recipe
+
+
+def get_config() -> Config:
+    """The ``yolov8x-pose`` recipe (see the module docstring for the command)."""
+    return recipe("x", "pose")

@@ -1,0 +1,368 @@
+"""The run folder: the single source of truth of a training run.
+
+Layout (``runs/<task>/<name>`` by default, or ``train.out``)::
+
+    config.json        the run's Config (config_to_json), written atomically at every (re)start
+    weights/last.pt    resumable training checkpoint (train/checkpoint.py), written atomically
+    weights/best.pt    the same kind of file, at the epoch of the best fitness so far
+    results.csv        one row per completed epoch (results_columns(task)); header written once
+    events.jsonl       one JSON object per line: start, resume, epoch, checkpoint, interrupt, end
+    *.png              plots (train/plots.py)
+
+Running again on a folder that holds ``weights/last.pt`` resumes it; on resume the rows of
+``results.csv`` after the resumed epoch are dropped, so the file always matches the checkpoint.
+A process killed mid-write leaves the previous files intact (atomic checkpoint and config writes;
+a half-written last line of ``results.csv`` / ``events.jsonl`` is dropped when the folder is
+opened again, with the temporary files of interrupted checkpoint writes).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from yolo_func.configs import Config, config_from_json, config_to_json
+from yolo_func.io.checkpoint import TEMP_SUFFIX, atomic_write
+from yolo_func.train.checkpoint import (
+    DataPosition,
+    TrainingCheckpoint,
+    load_training_checkpoint,
+    save_training_checkpoint,
+)
+from yolo_func.train.state import TrainState
+
+__all__ = ["RunDir", "EVENTS", "results_columns", "fitness", "next_run_path", "latest_run"]
+
+#: The kinds of line ``events.jsonl`` holds.
+EVENTS = ("start", "resume", "epoch", "checkpoint", "interrupt", "end")
+
+_LOSS_PARTS = {"detect": ("box", "cls", "dfl"), "segment": ("box", "cls", "dfl", "seg"), "pose": ("box", "cls", "dfl", "pose", "kobj")}
+_METRIC_KINDS = {"detect": ("box",), "segment": ("box", "mask"), "pose": ("box", "pose")}
+
+
+def results_columns(task: str) -> tuple[str, ...]:
+    """The columns of ``results.csv`` for a task.
+
+    ``epoch`` (1-based: the row closes that many epochs), ``time`` (seconds since the run started,
+    resumed time included), ``loss/<part>`` (epoch means of the reference's loss items),
+    ``lr/<group>`` (decay, no_decay, bias at the epoch's end), ``<kind>/mAP50`` and
+    ``<kind>/mAP50-95`` (kind: box, and mask or pose), ``fitness`` (:func:`fitness`).
+
+    Raises:
+      ValueError: an unknown task.
+    """
+    if task not in _LOSS_PARTS:
+        raise ValueError(f"[yolo_func] unknown task {task!r}; expected one of {list(_LOSS_PARTS)}")
+    metrics = [f"{k}/{m}" for k in _METRIC_KINDS[task] for m in ("mAP50", "mAP50-95")]
+    return ("epoch", "time", *(f"loss/{p}" for p in _LOSS_PARTS[task]), "lr/decay", "lr/no_decay", "lr/bias", *metrics, "fitness")
+
+
+def fitness(row: Mapping[str, Any], task: str) -> float | None:
+    """The reference's best-checkpoint criterion (8.4.190, REFERENCE.md §3.6): box mAP50-95, plus
+    mask / pose mAP50-95 for segment / pose. None when a metric is missing (no validation)."""
+    values = [row.get(f"{k}/mAP50-95") for k in _METRIC_KINDS[task]]
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return None
+    return float(sum(values))
+
+
+def next_run_path(root: str | os.PathLike, task: str, name: str) -> Path:
+    """``root/task/name``, or the first free ``name2``, ``name3``, ... (the reference's numbering)."""
+    base = Path(root) / task
+    path, n = base / name, 2
+    while path.exists():
+        path, n = base / f"{name}{n}", n + 1
+    return path
+
+
+def latest_run(root: str | os.PathLike, task: str) -> Path | None:
+    """The run folder under ``root/task`` whose ``weights/last.pt`` was written last, or None."""
+    lasts = sorted((p.stat().st_mtime, p) for p in (Path(root) / task).glob("*/weights/last.pt"))
+    return lasts[-1][1].parent.parent if lasts else None
+
+
+def _repair_tail(path: Path) -> None:
+    """Drop a half-written last line (a process killed mid-append) so appends start on a new line."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        keep = data[: data.rfind(b"\n") + 1]
+        atomic_write(path, lambda f: f.write(keep))
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, bool):
+        raise TypeError(f"[yolo_func] results.csv cells are numbers; got {v!r}")
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))  # the shortest text that reads back as the same float: best-epoch choices survive a reopen
+
+
+class RunDir:
+    """One run folder (see the module docstring for its layout).
+
+    Args:
+      path: the folder; created (with ``weights/``) if missing.
+      task: ``"detect"``, ``"segment"`` or ``"pose"`` (fixes the ``results.csv`` columns).
+
+    Attributes:
+      path, weights, last, best, config_path, results_path, events_path: the paths.
+      resumable: ``weights/last.pt`` existed when the folder was opened.
+
+    Raises:
+      ValueError: ``path`` exists, is not empty and is not a run folder (no ``config.json``), or an
+        existing ``results.csv`` has other columns (another task).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, task: str):
+        self.path = Path(path)
+        self.task = task
+        self.columns = results_columns(task)
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"[yolo_func] run folder {str(self.path)!r} is a file; give a folder (train.out)")
+        if self.path.is_dir() and any(self.path.iterdir()) and not self.config_path.is_file() and not self.weights.is_dir():
+            raise ValueError(f"[yolo_func] {str(self.path)!r} exists and is not a run folder (no config.json or weights/); "
+                             "give a new or empty folder as train.out")
+        self.weights.mkdir(parents=True, exist_ok=True)
+        for folder in (self.path, self.weights):  # temporary files of writes a kill interrupted
+            for tmp in folder.glob(f".*{TEMP_SUFFIX}"):
+                tmp.unlink()
+        _repair_tail(self.results_path)
+        _repair_tail(self.events_path)
+        if self.results_path.is_file() and self.results_path.stat().st_size:
+            with open(self.results_path, newline="") as f:
+                header = tuple(next(csv.reader(f), ()))
+            if header != self.columns:
+                raise ValueError(f"[yolo_func] {str(self.results_path)!r} has columns {list(header)}, expected {list(self.columns)} "
+                                 f"for task {task!r}; this folder belongs to another run: give another train.out")
+        self.resumable = self.last.is_file()
+
+    # ---------------------------------------------------------------------------------- paths
+
+    @property
+    def weights(self) -> Path:
+        return self.path / "weights"
+
+    @property
+    def last(self) -> Path:
+        return self.weights / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.weights / "best.pt"
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / "results.csv"
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.jsonl"
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r}, task={self.task!r})"
+
+    @classmethod
+    def for_config(cls, config: Config, *, root: str | os.PathLike = "runs") -> "RunDir":
+        """The folder a config asks for: ``train.out`` if given (resumable when it holds
+        ``weights/last.pt``); else with ``train.resume`` the latest run of the task under
+        ``root/<task>``; else a new ``root/<task>/<name>`` (``name2``, ... when taken).
+
+        Raises:
+          ValueError: ``train.resume`` is set and no run of the task has a ``weights/last.pt``.
+        """
+        task = config.model.task
+        if config.train.out is not None:
+            return cls(config.train.out, task=task)
+        if config.train.resume:
+            found = latest_run(root, task)
+            if found is None:
+                raise ValueError(f"[yolo_func] train.resume is set but no run under {str(Path(root) / task)!r} has weights/last.pt; "
+                                 "start without train.resume, or give the folder as train.out")
+            return cls(found, task=task)
+        return cls(next_run_path(root, task, config.train.name), task=task)
+
+    # --------------------------------------------------------------------------------- config
+
+    def write_config(self, config: Config) -> Path:
+        """Write ``config.json`` atomically."""
+        text = config_to_json(config).encode()
+        return atomic_write(self.config_path, lambda f: f.write(text))
+
+    def read_config(self) -> Config:
+        """Read ``config.json``.
+
+        Raises:
+          FileNotFoundError: no config.json. ValueError: not valid JSON or an unknown key (names the file).
+        """
+        if not self.config_path.is_file():
+            raise FileNotFoundError(f"[yolo_func] no config.json in run folder {str(self.path)!r}")
+        return config_from_json(self.config_path.read_text(), source=str(self.config_path))
+
+    def begin(self, config: Config, *, position: DataPosition | None = None) -> None:
+        """Start (``position`` None) or resume a run: write ``config.json``, drop the
+        ``results.csv`` rows after the epochs the checkpoint holds (all rows when starting), and log
+        a ``start`` or ``resume`` event."""
+        self.write_config(config)
+        self.truncate_results(position.epoch if position is not None else 0)
+        if position is None:
+            self.event("start", path=str(self.path), task=self.task)
+        else:
+            self.event("resume", epoch=position.epoch, batch=position.batch, seed=position.seed)
+
+    # ---------------------------------------------------------------------------- checkpoints
+
+    def save(self, train_state: TrainState, *, config: Config, position: DataPosition, rng: dict | None = None,
+             meta: dict | None = None, best: bool = False) -> Path:
+        """Write ``weights/last.pt`` atomically (and copy it to ``best.pt``, atomically, when
+        ``best``), then log a ``checkpoint`` event. A host sync (tensors copied to the CPU).
+
+        Returns:
+          The path of ``last.pt``.
+        """
+        t0 = time.perf_counter()
+        save_training_checkpoint(self.last, train_state, config=config, position=position, rng=rng, meta=meta)
+        if best:
+            with open(self.last, "rb") as src:
+                atomic_write(self.best, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+        self.event("checkpoint", epoch=int(position.epoch), batch=int(position.batch), best=bool(best),
+                   seconds=round(time.perf_counter() - t0, 3))
+        return self.last
+
+    def load_last(self, template: TrainState, *, config: Config | None = None) -> TrainingCheckpoint:
+        """Load ``weights/last.pt`` (see :func:`yolo_func.train.checkpoint.load_training_checkpoint`)."""
+        return load_training_checkpoint(self.last, template, config=config)
+
+    # -------------------------------------------------------------------------------- results
+
+    def log_epoch(self, row: Mapping[str, Any]) -> bool:
+        """Append one row to ``results.csv`` (the header first when the file is new) and log an
+        ``epoch`` event holding the row as ``results``.
+
+        Args:
+          row: ``{column: number}``; ``epoch`` is required, missing columns stay empty (e.g. an
+            epoch without validation), ``fitness`` is computed from the metrics when absent.
+
+        Returns:
+          True when this row's fitness is the best so far (the caller then saves ``best.pt``).
+
+        Raises:
+          ValueError: a column not in :func:`results_columns`, or no ``epoch``.
+        """
+        unknown = [k for k in row if k not in self.columns]
+        if unknown:
+            raise ValueError(f"[yolo_func] results.csv has no column(s) {unknown} for task {self.task!r}; columns: {list(self.columns)}")
+        if "epoch" not in row:
+            raise ValueError("[yolo_func] a results.csv row needs its 'epoch' (1-based number of the epoch it closes)")
+        row = dict(row)
+        if row.get("fitness") is None:
+            row["fitness"] = fitness(row, self.task)
+        previous = [r["fitness"] for r in self.read_results() if r.get("fitness") is not None]
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        new = not self.results_path.is_file() or self.results_path.stat().st_size == 0
+        if new:
+            writer.writerow(self.columns)
+        writer.writerow([_cell(row.get(c)) for c in self.columns])
+        with open(self.results_path, "a", newline="") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        self.event("epoch", epoch=int(row["epoch"]), results={k: v for k, v in row.items() if v is not None})
+        return row["fitness"] is not None and all(row["fitness"] > p for p in previous)
+
+    def read_results(self) -> list[dict[str, Any]]:
+        """The rows of ``results.csv``: ``epoch`` an int, other cells floats or None (empty)."""
+        if not self.results_path.is_file():
+            return []
+        with open(self.results_path, newline="") as f:
+            reader = csv.DictReader(f)
+            return [{k: (int(v) if k == "epoch" else (float(v) if v != "" else None)) for k, v in r.items()} for r in reader]
+
+    def truncate_results(self, epochs_done: int) -> None:
+        """Keep the rows of epochs ``1..epochs_done`` (rewritten atomically)."""
+        if not self.results_path.is_file():
+            return
+        with open(self.results_path, newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            return
+        kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= epochs_done]
+        if len(kept) == len(rows):
+            return
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(kept)
+        data = buf.getvalue().encode()
+        atomic_write(self.results_path, lambda f: f.write(data))
+
+    # --------------------------------------------------------------------------------- events
+
+    def event(self, kind: str, **fields: Any) -> dict:
+        """Append ``{"event": kind, "time": unix seconds, "utc": ISO time, **fields}`` to ``events.jsonl``.
+
+        Raises:
+          ValueError: ``kind`` not in :data:`EVENTS`. TypeError: a field is not JSON data.
+        """
+        if kind not in EVENTS:
+            raise ValueError(f"[yolo_func] unknown event {kind!r}; expected one of {list(EVENTS)}")
+        reserved = sorted({"event", "time", "utc"} & set(fields))
+        if reserved:
+            raise ValueError(f"[yolo_func] event {kind!r}: field(s) {reserved} are written by RunDir.event itself; rename them")
+        now = time.time()
+        record = {"event": kind, "time": now, "utc": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"), **fields}
+        try:
+            line = json.dumps(record, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"[yolo_func] event {kind!r}: fields must be JSON numbers, strings, lists or dicts ({e}); got {fields!r}") from None
+        with open(self.events_path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+        return record
+
+    def read_events(self) -> list[dict]:
+        """Every complete line of ``events.jsonl``, parsed."""
+        if not self.events_path.is_file():
+            return []
+        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.endswith("}")]
+
+    # -------------------------------------------------------------------------------- summary
+
+    def best_row(self) -> dict[str, Any] | None:
+        """The ``results.csv`` row of the best fitness (the first of equals), or None."""
+        rows = [r for r in self.read_results() if r.get("fitness") is not None]
+        return max(rows, key=lambda r: (r["fitness"], -r["epoch"])) if rows else None
+
+    def summary(self) -> str:
+        """A few lines naming the folder, the epochs done, the best epoch's metrics and the files."""
+        rows = self.read_results()
+        best = self.best_row()
+        lines = [f"Run folder: {self.path}"]
+        if rows:
+            lines.append(f"  epochs done: {rows[-1]['epoch']}, {rows[-1]['time'] or 0:.0f} s")
+        if best is not None:
+            kinds = _METRIC_KINDS[self.task]
+            metrics = ", ".join(f"{k} mAP50 {best[f'{k}/mAP50']:.4f} mAP50-95 {best[f'{k}/mAP50-95']:.4f}"
+                                for k in kinds if best.get(f"{k}/mAP50") is not None and best.get(f"{k}/mAP50-95") is not None)
+            lines.append(f"  best: epoch {best['epoch']} (fitness {best['fitness']:.4f}): {metrics}")
+        else:
+            lines.append("  best: no validation yet")
+        weights = [str(p) for p in (self.best, self.last) if p.is_file()]
+        lines.append(f"  weights: {', '.join(weights) if weights else 'none saved'}")
+        lines.append(f"  logs: {self.results_path.name}, {self.events_path.name}, {self.config_path.name}")
+        return "\n".join(lines)
