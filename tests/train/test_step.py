@@ -1,6 +1,7 @@
 """The eager training step against a plain autograd step, the non-finite policy, accumulation,
 resume equality and a short run whose loss falls."""
 
+import math
 import warnings
 
 import pytest
@@ -10,7 +11,7 @@ from yolo_func import tree as T
 from yolo_func import yolov8
 from yolo_func.assign import assign_from_detect
 from yolo_func.io import load_checkpoint, save_checkpoint
-from yolo_func.optim import chain, clip_by_global_norm, ema, multi_steps, partition, sgd, yolo_param_labels
+from yolo_func.optim import adamw, chain, clip_by_global_norm, ema, multi_steps, partition, sgd, yolo_param_labels
 from yolo_func.structures.targets import targets_from_lists
 from yolo_func.testing import assert_trees_all_close, assert_trees_all_equal
 from yolo_func.train import Batch, init_train_state, train_step, yolo_sgd
@@ -184,3 +185,77 @@ def test_loss_falls_on_a_repeated_batch():
         ts, m = train_step(ts, batch, model=model, tx=tx)
         losses.append(fetch_metrics(m)["loss"])
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
+
+
+# -- the non-finite skip for every optimizer (issue 11) ------------------------------------------
+
+def _nan_batch(seed: int) -> Batch:
+    b = _batch("detect", seed)
+    images = b.images.clone()
+    images[1, 2, 5, 7] = float("nan")
+    return Batch(images, b.targets)
+
+
+SKIP_OPTIMIZERS = {
+    "sgd": lambda: sgd(0.01, 0.9),
+    "adamw": lambda: adamw(1e-3),
+    # nbs=4: accumulation ramps 1 -> 2 over the warmup, so the first steps step every call while
+    # every group's lr and the momentum change with the iteration ni
+    "yolo_sgd": lambda: yolo_sgd(batch_size=2, batches_per_epoch=4, epochs=3, nbs=4).tx,
+    "multi_steps1": lambda: multi_steps(sgd(0.01, 0.9, nesterov=True), every=1),
+    "multi_steps4": lambda: multi_steps(sgd(0.01, 0.9, nesterov=True), every=4),
+}
+
+
+@pytest.mark.parametrize("name", [n if n in ("sgd", "adamw") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(SKIP_OPTIMIZERS)])
+def test_a_nan_batch_is_skipped_for_every_optimizer(name):
+    """Two steps, a batch with a NaN pixel, one more step.
+
+    The NaN step leaves every leaf of params, BN statistics, the whole inner optimizer state
+    (floats and its own counters) and the EMA bitwise unchanged; only the documented counters move
+    (TrainState.step, TrainState.skipped, the guard's count, notfinite counters, stepped). The step
+    after it equals the same step of a run that never saw the NaN batch, bitwise, once that run's
+    iteration counters are advanced by the one micro-batch the skip consumed (the schedules read
+    ``ni``, which counts every micro-batch as the reference's loop index does).
+    """
+    model = yolov8("n", task="detect", num_classes=2)
+    tx, e = SKIP_OPTIMIZERS[name](), ema()
+    ts = init_train_state(model, tx, torch.Generator().manual_seed(0), ema=e)
+    for s in (1, 2):
+        ts, _ = train_step(ts, _batch("detect", s), model=model, tx=tx, ema=e)
+    before = T.tree_clone(ts)
+
+    skipped, metrics = train_step(ts, _nan_batch(3), model=model, tx=tx, ema=e)
+    m = fetch_metrics(metrics, warn=False)
+    assert m["finite"] == 0.0 and m["stepped"] == 0.0 and not math.isfinite(m["loss"])
+    assert int(skipped.skipped) == int(before.skipped) + 1 and int(skipped.step) == int(before.step) + 1
+    assert_trees_all_equal(ts, before)  # pure: the input state was not written
+    assert_trees_all_equal(skipped.params, before.params, strict=True)
+    assert_trees_all_equal(skipped.state, before.state, strict=True)
+    assert_trees_all_equal(skipped.ema, before.ema, strict=True)
+    assert_trees_all_equal(skipped.opt_state.inner_state, before.opt_state.inner_state, strict=True)
+    o, b = skipped.opt_state, before.opt_state
+    assert int(o.count) == int(b.count) + 1 == 3
+    assert (int(o.notfinite_count), int(o.total_notfinite_count), bool(o.stepped)) == (1, 1, False)
+
+    after, m_after = train_step(skipped, _batch("detect", 4), model=model, tx=tx, ema=e)
+    # the run without the NaN batch, its iteration counters advanced by the skipped micro-batch
+    aligned = before._replace(step=before.step + 1, opt_state=b._replace(count=b.count + 1))
+    clean, m_clean = train_step(aligned, _batch("detect", 4), model=model, tx=tx, ema=e)
+    assert bool(m_clean["stepped"])  # the compared step changes the params (also for every=4)
+    assert int(after.opt_state.total_notfinite_count) == 1 and int(after.skipped) == int(clean.skipped) + 1
+    expected = clean._replace(skipped=after.skipped,
+                              opt_state=clean.opt_state._replace(total_notfinite_count=after.opt_state.total_notfinite_count))
+    assert_trees_all_equal(after, expected, strict=True)
+    assert_trees_all_equal(m_after, m_clean, strict=True)
+    moved = T.tree_map(lambda x, y: (x - y).abs().max(), after.params, before.params)
+    assert max(float(v) for v in T.tree_leaves(moved)) > 0
+
+
+def test_without_the_alignment_a_schedule_would_see_another_iteration():
+    """The alignment above matters: yolo_sgd's warmup lr at ni=3 differs from ni=2, so a run that
+    skipped a batch is not the run that never saw it unless ni counts the skipped micro-batch."""
+    opt = yolo_sgd(batch_size=2, batches_per_epoch=4, epochs=3, nbs=4)
+    lr = opt.schedules.lr["decay"]
+    assert float(lr(torch.tensor(3))) != float(lr(torch.tensor(2)))

@@ -5,7 +5,8 @@ All states are NamedTuples of device tensors (``count: int64[]`` where a transfo
 updates use fused ``torch._foreach_*`` ops and never synchronise with the host. REFERENCE.md §4
 describes the YOLOv8 recipe these pieces reproduce: ``multi_steps(chain(clip_by_global_norm(10.0),
 partition({"decay": sgd(...), "no_decay": sgd(...), "bias": sgd(...)}, yolo_param_labels)),
-every=yolo_schedules(...).accumulate)`` and ``ema()`` gated by ``MultiStepsState.stepped``.
+every=yolo_schedules(...).accumulate)`` and ``ema()`` gated by ``ApplyIfFiniteState.stepped``; the training step wraps every optimizer in
+:func:`apply_if_finite` (non-finite micro-batches are skipped on the device).
 """
 
 from yolo_func.optim.accumulate import MultiStepsState, multi_steps, nominal_accumulate, scaled_weight_decay
@@ -21,6 +22,7 @@ from yolo_func.optim.base import (
 )
 from yolo_func.optim.combine import PartitionState, chain, partition
 from yolo_func.optim.ema import Ema, EmaState, ema, ema_decay
+from yolo_func.optim.finite import ApplyIfFiniteState, apply_if_finite
 from yolo_func.optim.labels import YOLO_GROUPS, yolo_param_labels
 from yolo_func.optim.schedules import (
     YoloSchedules,
@@ -97,6 +99,9 @@ __all__ = [
     "MultiStepsState",
     "nominal_accumulate",
     "scaled_weight_decay",
+    # non-finite skipping
+    "apply_if_finite",
+    "ApplyIfFiniteState",
     # EMA
     "ema",
     "Ema",

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple, Union
 import torch
 
 from yolo_func import tree as T
-from yolo_func.optim.base import GradientTransformation, Updates, _select, _zero_count
+from yolo_func.optim.base import GradientTransformation, Updates, _reject_unknown, _select, _zero_count
 
 __all__ = ["MultiStepsState", "multi_steps", "scaled_weight_decay", "nominal_accumulate"]
 
@@ -27,8 +27,10 @@ class MultiStepsState(NamedTuple):
     """State of :func:`multi_steps`.
 
     Attributes:
-      count: int64[] micro-steps seen so far (the reference's global iteration ``ni`` of the next
-        call).
+      count: int64[] calls so far: the global iteration ``ni`` of the next call when the caller
+        passes no ``iteration`` (the reference's ``ni`` in standalone use). Under
+        :func:`yolo_func.optim.apply_if_finite` (the training step), which passes ``iteration`` and
+        restores this whole state on a skipped call, it counts the applied calls.
       last_step: int64[] ``ni`` of the last optimizer step (-1 before the first).
       stepped: bool[] whether the latest call stepped (for the EMA and metrics).
       acc_grads: summed gradients since the last step (own buffers, same tree as params).
@@ -48,9 +50,12 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
     At call ``ni`` (0-based): ``acc += grads``; ``stepped = ni - last_step >= every(ni)``; when
     stepped, ``updates = tx.update(acc, ...)`` and ``acc = 0``, ``last_step = ni``; otherwise the
     updates are zeros and the inner state is unchanged. The inner transform always runs (static
-    shapes, no host branch) and its results are selected with the device flag. Schedules inside
-    ``tx`` receive ``iteration=ni``. An extra keyword ``skip`` (device ``bool[]``) vetoes the step
-    of this call (the training step's non-finite policy passes it, with the gradients zeroed).
+    shapes, no host branch) and its results are selected with the device flag. ``ni`` is the
+    ``iteration`` keyword when the caller passes one, else the state's ``count``; schedules inside
+    ``tx`` (and ``every``) are evaluated at ``ni``. ``update`` accepts no other keyword; skipping a
+    non-finite micro-batch is :func:`yolo_func.optim.apply_if_finite`'s job (wrapped around this
+    transform by the training step: a skipped call then leaves this state untouched while ``ni``,
+    passed from outside, still advances, as the reference's loop index does).
 
     Args:
       tx: the optimizer to wrap (e.g. ``chain(clip_by_global_norm(10.0), partition(...))``).
@@ -99,8 +104,10 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
             inner_state=tx.init(params),
         )
 
-    def update(updates: Updates, state: MultiStepsState, params: Any = None, **extra) -> tuple[Updates, MultiStepsState]:
-        ni = state.count
+    def update(updates: Updates, state: MultiStepsState, params: Any = None, *, iteration=None,
+               **unknown) -> tuple[Updates, MultiStepsState]:
+        _reject_unknown("multi_steps", unknown)
+        ni = state.count if iteration is None else iteration
         g, treedef = T.tree_flatten(updates)
         acc_old, acc_def = T.tree_flatten(state.acc_grads)
         if acc_def != treedef:
@@ -111,12 +118,7 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
         # Fresh tensors: the caller's gradient buffers are never aliased or written.
         acc = torch._foreach_add(acc_old, g) if g else []
         stepped = (ni - state.last_step) >= every_at(ni)
-        skip = extra.pop("skip", None)
-        if skip is not None:
-            # A skipped micro-step (e.g. non-finite loss) never steps; its (zeroed) gradient adds nothing.
-            stepped = stepped & ~skip
-        extra = {**extra, "iteration": ni}
-        inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, **extra)
+        inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, iteration=ni)
         u_leaves, u_def = T.tree_flatten(inner_u)
         if u_leaves:
             # An exact copy when stepping (x*1), zeros otherwise (x*0), fused over the tree.
@@ -130,7 +132,7 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
             # Reset the sum after a step (last: the inner results above may read these buffers).
             torch._foreach_mul_(acc, (~stepped).to(acc[0].dtype))
         new_state = MultiStepsState(
-            count=ni + 1,
+            count=state.count + 1,
             last_step=torch.where(stepped, ni, state.last_step),
             stepped=stepped,
             acc_grads=T.tree_unflatten(treedef, acc),

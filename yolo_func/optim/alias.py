@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from yolo_func.optim.base import GradientTransformation, ScalarOrSchedule, _check_scalar, _is_schedule
+from yolo_func.optim.base import GradientTransformation, ScalarOrSchedule, _check_scalar, _is_schedule, _reject_unknown
 from yolo_func.optim.combine import chain
-from yolo_func.optim.transforms import add_decayed_weights, scale_by_adamw, scale_by_learning_rate, trace
+from yolo_func.optim.transforms import _adam, add_decayed_weights, scale_by_learning_rate, trace
 
 __all__ = ["sgd", "adamw"]
 
@@ -29,7 +29,8 @@ def sgd(
       weight_decay: coupled L2 decay (float).
 
     Returns:
-      A :class:`GradientTransformation` (state: a tuple of the chained states).
+      A :class:`GradientTransformation` (state: a tuple of the chained states; ``update`` accepts
+      ``iteration`` only).
 
     Raises:
       ValueError: ``nesterov`` without momentum, or a negative hyper-parameter.
@@ -55,7 +56,13 @@ def sgd(
     if has_momentum:
         txs.append(trace(momentum, nesterov=nesterov))
     txs.append(scale_by_learning_rate(learning_rate))
-    return chain(*txs)
+    inner = chain(*txs)
+
+    def update(updates, state, params=None, *, iteration=None, **unknown):
+        _reject_unknown("sgd", unknown)  # named for the user (the chain would say "chain")
+        return inner.update(updates, state, params, iteration=iteration)
+
+    return GradientTransformation(inner.init, update)
 
 
 def adamw(
@@ -78,9 +85,10 @@ def adamw(
       weight_decay: decoupled decay (0 for the no-decay groups).
 
     Returns:
-      A :class:`GradientTransformation` whose state is a ``ScaleByAdamState``.
+      A :class:`GradientTransformation` whose state is a ``ScaleByAdamState`` (``update`` accepts
+      ``iteration`` only).
     """
     _check_scalar("adamw(learning_rate)", learning_rate)
     if not 0.0 <= b1 < 1.0 or not 0.0 <= b2 < 1.0:
         raise ValueError(f"[yolo_func] adamw betas must be in [0, 1), got b1={b1}, b2={b2}")
-    return scale_by_adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    return _adam(b1, b2, eps, learning_rate, weight_decay, "adamw")

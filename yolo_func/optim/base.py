@@ -3,7 +3,7 @@
 A :class:`GradientTransformation` is a pair of pure functions::
 
     state = tx.init(params)
-    updates, state = tx.update(grads, state, params, **extra)
+    updates, state = tx.update(grads, state, params, iteration=None)
     params = apply_updates(params, updates)          # or apply_updates_ on static buffers
 
 Trees are nested plain dicts (or NamedTuples, tuples) of tensors, handled through
@@ -14,9 +14,15 @@ returned updates may share storage with the returned state, as JAX arrays would;
 read-only).
 
 Hyper-parameters are either Python floats (baked into the closure) or *schedules*: callables of an
-``int64[]`` step tensor returning a 0-dim device tensor. A schedule is evaluated at
-``extra["iteration"]`` when the caller passes one (:func:`yolo_func.optim.multi_steps` passes the
-global micro-batch index ``ni``), otherwise at the transform's own ``count`` (updates so far).
+``int64[]`` step tensor returning a 0-dim device tensor. A schedule is evaluated at the keyword
+``iteration`` when the caller passes one (:func:`yolo_func.optim.multi_steps` and
+:func:`yolo_func.optim.apply_if_finite` pass the global micro-batch index ``ni``), otherwise at the
+transform's own ``count`` (updates so far).
+
+Extra keywords are strict: every transform's ``update`` accepts ``iteration`` and nothing else,
+except the few that document more (``apply_if_finite`` also takes ``finite``); an unknown keyword
+raises ``TypeError("[yolo_func] <name>.update got an unexpected keyword ...")`` instead of being
+dropped on the way down (a veto that only one transform reads is a veto the others ignore).
 Nothing here calls ``.item()`` or branches on tensor values, so an update can be captured in a
 CUDA graph.
 """
@@ -56,9 +62,12 @@ class GradientTransformation(NamedTuple):
 
     Attributes:
       init: ``(params) -> state``; state tensors live on the params' device.
-      update: ``(updates, state, params=None, **extra) -> (updates, state)``; ``updates`` has the
-        structure of ``params``. ``extra`` is forwarded to inner transforms (``iteration=`` selects
-        the step at which schedules are evaluated).
+      update: ``(updates, state, params=None, *, iteration=None) -> (updates, state)``;
+        ``updates`` has the structure of ``params``. ``iteration`` (``int64[]`` or None) is the step
+        at which schedules are evaluated; combinators forward it to their inner transforms. Every
+        transform of :mod:`yolo_func.optim` raises ``TypeError`` on any other keyword (a few
+        document more, e.g. :func:`yolo_func.optim.apply_if_finite`'s ``finite``); a transform of
+        your own must accept ``iteration`` too, since the training step's guard passes it.
     """
 
     init: Callable[[Params], OptState]
@@ -83,8 +92,10 @@ def identity() -> GradientTransformation:
         del params
         return EmptyState()
 
-    def update(updates: Updates, state: EmptyState, params: Params = None, **extra) -> tuple[Updates, EmptyState]:
-        del params, extra
+    def update(updates: Updates, state: EmptyState, params: Params = None, *, iteration=None,
+               **unknown) -> tuple[Updates, EmptyState]:
+        del params, iteration
+        _reject_unknown("identity", unknown)
         return updates, state
 
     return GradientTransformation(init, update)
@@ -160,10 +171,32 @@ def _zero_count(tree: Any) -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=_device_of(tree))
 
 
-def _step_for(state_count: torch.Tensor, extra: dict) -> torch.Tensor:
-    """The step a schedule is evaluated at: ``extra["iteration"]`` if given, else the count."""
-    it = extra.get("iteration")
-    return state_count if it is None else it
+def _step_for(state_count: torch.Tensor, iteration: torch.Tensor | None) -> torch.Tensor:
+    """The step a schedule is evaluated at: ``iteration`` if given, else the count."""
+    return state_count if iteration is None else iteration
+
+
+def _reject_unknown(name: str, unknown: dict, accepted: tuple[str, ...] = ("iteration",)) -> None:
+    """Raise on extra keywords a transform does not read (instead of dropping them silently).
+
+    Args:
+      name: the transform's name as the user wrote it (``"sgd"``, ``"multi_steps"``...).
+      unknown: the keywords left over after the accepted ones were bound.
+      accepted: the keywords ``name``'s update does accept.
+
+    Raises:
+      TypeError: ``unknown`` is not empty.
+    """
+    if not unknown:
+        return
+    key = sorted(unknown)[0]
+    hint = (" To skip a step on a non-finite loss, wrap the optimizer in apply_if_finite(tx) and pass "
+            "finite= to its update (the training step does this for you)." if key in ("skip", "finite") else "")
+    raise TypeError(
+        f"[yolo_func] {name}.update got an unexpected keyword {key!r}; it accepts "
+        f"{', '.join(repr(a) for a in accepted) or 'no extra keywords'}. Remove the keyword or pass it "
+        f"to the transform that reads it.{hint}"
+    )
 
 
 def _is_schedule(x: Any) -> bool:

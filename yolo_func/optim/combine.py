@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from yolo_func import tree as T
-from yolo_func.optim.base import GradientTransformation, Updates
+from yolo_func.optim.base import GradientTransformation, Updates, _reject_unknown
 
 __all__ = ["chain", "partition", "PartitionState"]
 
@@ -14,7 +14,8 @@ __all__ = ["chain", "partition", "PartitionState"]
 def chain(*transforms: GradientTransformation) -> GradientTransformation:
     """Apply transforms one after the other; the state is the tuple of their states.
 
-    ``extra`` keyword arguments of ``update`` reach every transform.
+    ``update``'s ``iteration`` keyword reaches every transform; any other keyword raises
+    ``TypeError``.
 
     Args:
       *transforms: :class:`GradientTransformation` values.
@@ -36,7 +37,9 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     def init(params: Any) -> tuple:
         return tuple(tx.init(params) for tx in transforms)
 
-    def update(updates: Updates, state: tuple, params: Any = None, **extra) -> tuple[Updates, tuple]:
+    def update(updates: Updates, state: tuple, params: Any = None, *, iteration=None,
+               **unknown) -> tuple[Updates, tuple]:
+        _reject_unknown("chain", unknown)
         if not isinstance(state, tuple) or len(state) != len(transforms):
             raise ValueError(
                 f"[yolo_func] chain of {len(transforms)} transforms got a state of "
@@ -44,7 +47,7 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
             )
         new_states = []
         for tx, s in zip(transforms, state):
-            updates, s = tx.update(updates, s, params, **extra)
+            updates, s = tx.update(updates, s, params, iteration=iteration)
             new_states.append(s)
         return updates, tuple(new_states)
 
@@ -99,7 +102,8 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Labels) 
 
     Returns:
       A :class:`GradientTransformation` with :class:`PartitionState`. A label with no leaves gets
-      the state of an empty tree.
+      the state of an empty tree. ``update`` forwards ``iteration`` to every group and raises
+      ``TypeError`` on any other keyword.
 
     Raises:
       ValueError: a label has no transform, or the labels tree does not match the params.
@@ -132,7 +136,9 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Labels) 
         leaves = T.tree_leaves(params)
         return PartitionState({k: tx.init(_split(paths, leaves, lab, k)) for k, tx in transforms.items()})
 
-    def update(updates: Updates, state: PartitionState, params: Any = None, **extra) -> tuple[Updates, PartitionState]:
+    def update(updates: Updates, state: PartitionState, params: Any = None, *, iteration=None,
+               **unknown) -> tuple[Updates, PartitionState]:
+        _reject_unknown("partition", unknown)
         paths, lab, treedef = resolve(updates)
         u_leaves = T.tree_leaves(updates)
         p_leaves = T.tree_leaves(params) if params is not None else None
@@ -142,7 +148,8 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Labels) 
         new_states = {}
         for k, tx in transforms.items():
             sub_p = _split(paths, p_leaves, lab, k) if p_leaves is not None else None
-            sub_u, new_states[k] = tx.update(_split(paths, u_leaves, lab, k), state.inner_states[k], sub_p, **extra)
+            sub_u, new_states[k] = tx.update(_split(paths, u_leaves, lab, k), state.inner_states[k], sub_p,
+                                                iteration=iteration)
             out.update(sub_u)
         return T.tree_unflatten(treedef, [out[p] for p in paths]), PartitionState(new_states)
 

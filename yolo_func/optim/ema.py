@@ -4,8 +4,9 @@
 current one, and ``ema <- lerp(ema, model, 1 - d)`` (i.e. ``ema + (1 - d)(model - ema)``) for every
 floating-point leaf. ``torch.lerp`` is the operation the reference's EMA matches bit for bit (checked
 against it as a black box); ``d`` is computed in float64 as the reference does in Python. The count
-and the decay live on the device; an optional ``stepped`` flag (from :class:`MultiStepsState`) makes
-the update a no-op on non-stepping micro-steps without a host branch.
+and the decay live on the device; an optional ``stepped`` flag (the training step passes
+:class:`yolo_func.optim.ApplyIfFiniteState`'s, false on accumulating micro-steps and on skipped
+non-finite ones) makes the update a no-op on those calls without a host branch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_func import tree as T
-from yolo_func.optim.base import _zero_count
+from yolo_func.optim.base import _reject_unknown, _zero_count
 
 __all__ = ["EmaState", "Ema", "ema", "ema_decay"]
 
@@ -85,7 +86,8 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
     def init(model: Any) -> EmaState:
         return EmaState(count=_zero_count(model), ema=T.tree_clone(model))
 
-    def update(model: Any, state: EmaState, stepped: torch.Tensor | None = None) -> EmaState:
+    def update(model: Any, state: EmaState, stepped: torch.Tensor | None = None, **unknown) -> EmaState:
+        _reject_unknown("ema", unknown, ("stepped",))
         e_leaves, treedef = T.tree_flatten(state.ema)
         m_leaves, m_def = T.tree_flatten(model)
         if m_def != treedef:

@@ -95,11 +95,16 @@ def share_schedules(tx: GradientTransformation) -> GradientTransformation:
       tx: any :class:`GradientTransformation`.
 
     Returns:
-      A :class:`GradientTransformation` with ``tx``'s init and state.
+      A :class:`GradientTransformation` with ``tx``'s init and state. ``update`` forwards its
+      keywords to ``tx`` unchanged: the keywords it accepts are ``tx``'s, and ``tx`` raises
+      ``TypeError`` on the others.
     """
-    def update(updates, state, params=None, **extra):
+    if not isinstance(tx, GradientTransformation):
+        raise TypeError(f"[yolo_func] share_schedules(tx) must be a GradientTransformation, got {type(tx).__name__}")
+
+    def update(updates, state, params=None, **keywords):
         with schedule_memo():
-            return tx.update(updates, state, params, **extra)
+            return tx.update(updates, state, params, **keywords)
 
     return GradientTransformation(tx.init, update)
 

@@ -36,6 +36,7 @@ from yolo_func.optim.base import (
     _device_of,
     _eval64,
     _is_schedule,
+    _reject_unknown,
     _step_for,
     _zero_count,
 )
@@ -139,12 +140,14 @@ def trace(decay: ScalarOrSchedule, nesterov: bool = False) -> GradientTransforma
     def init(params: Any) -> TraceState:
         return TraceState(count=_zero_count(params), momentum=T.tree_zeros_like(params))
 
-    def update(updates: Updates, state: TraceState, params: Any = None, **extra) -> tuple[Updates, TraceState]:
+    def update(updates: Updates, state: TraceState, params: Any = None, *, iteration=None,
+               **unknown) -> tuple[Updates, TraceState]:
         del params
+        _reject_unknown("trace", unknown)
         g, treedef = _flat(updates)
         if not g:
             return updates, TraceState(state.count + 1, state.momentum)
-        mu = _as_leaf_scalar(_eval64(decay, _step_for(state.count, extra)), g)
+        mu = _as_leaf_scalar(_eval64(decay, _step_for(state.count, iteration)), g)
         bufs = torch._foreach_mul(T.tree_leaves(state.momentum), mu)
         # alpha=1 (torch's 1 - dampening): an exact add; on the first step 0*mu + g == g.
         torch._foreach_add_(bufs, g)
@@ -181,8 +184,10 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
         del params
         return EmptyState()
 
-    def update(updates: Updates, state: EmptyState, params: Any = None, **extra) -> tuple[Updates, EmptyState]:
-        del extra
+    def update(updates: Updates, state: EmptyState, params: Any = None, *, iteration=None,
+               **unknown) -> tuple[Updates, EmptyState]:
+        del iteration
+        _reject_unknown("add_decayed_weights", unknown)
         if weight_decay == 0.0:
             return updates, state
         _need_params("add_decayed_weights", params)
@@ -200,14 +205,20 @@ def scale(factor: float) -> GradientTransformation:
     Returns:
       A stateless :class:`GradientTransformation`.
     """
+    return _scale(factor, "scale")
+
+
+def _scale(factor: float, name: str) -> GradientTransformation:
     factor = float(factor)
 
     def init(params: Any) -> EmptyState:
         del params
         return EmptyState()
 
-    def update(updates: Updates, state: EmptyState, params: Any = None, **extra) -> tuple[Updates, EmptyState]:
-        del params, extra
+    def update(updates: Updates, state: EmptyState, params: Any = None, *, iteration=None,
+               **unknown) -> tuple[Updates, EmptyState]:
+        del params, iteration
+        _reject_unknown(name, unknown)
         u, treedef = _flat(updates)
         return (T.tree_unflatten(treedef, torch._foreach_mul(u, factor)) if u else updates), state
 
@@ -226,17 +237,22 @@ def scale_by_schedule(schedule: Schedule) -> GradientTransformation:
     """
     if not callable(schedule):
         raise TypeError(f"[yolo_func] scale_by_schedule needs a callable schedule, got {type(schedule).__name__}")
+    return _scale_by_schedule(schedule, "scale_by_schedule")
+
+
+def _scale_by_schedule(schedule: Schedule, name: str) -> GradientTransformation:
 
     def init(params: Any) -> ScaleByScheduleState:
         return ScaleByScheduleState(_zero_count(params))
 
-    def update(updates: Updates, state: ScaleByScheduleState, params: Any = None, **extra):
+    def update(updates: Updates, state: ScaleByScheduleState, params: Any = None, *, iteration=None, **unknown):
         del params
+        _reject_unknown(name, unknown)
         u, treedef = _flat(updates)
         new_state = ScaleByScheduleState(state.count + 1)
         if not u:
             return updates, new_state
-        f = _as_leaf_scalar(_eval64(schedule, _step_for(state.count, extra)), u)
+        f = _as_leaf_scalar(_eval64(schedule, _step_for(state.count, iteration)), u)
         return T.tree_unflatten(treedef, torch._foreach_mul(u, f)), new_state
 
     return GradientTransformation(init, update)
@@ -253,14 +269,15 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> GradientTransform
     """
     _check_scalar("learning_rate", learning_rate)
     if _is_schedule(learning_rate):
-        return scale_by_schedule(lambda step: -_eval64(learning_rate, step))
-    return scale(-float(learning_rate))
+        return _scale_by_schedule(lambda step: -_eval64(learning_rate, step), "scale_by_learning_rate")
+    return _scale(-float(learning_rate), "scale_by_learning_rate")
 
 
-def _adam(b1: float, b2: float, eps: float, lr: ScalarOrSchedule | None, weight_decay: float) -> GradientTransformation:
-    for name, v in (("b1", b1), ("b2", b2), ("eps", eps), ("weight_decay", weight_decay)):
+def _adam(b1: float, b2: float, eps: float, lr: ScalarOrSchedule | None, weight_decay: float,
+          name: str) -> GradientTransformation:
+    for arg, v in (("b1", b1), ("b2", b2), ("eps", eps), ("weight_decay", weight_decay)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"[yolo_func] adam {name} must be a float, got {type(v).__name__}")
+            raise TypeError(f"[yolo_func] {name}({arg}) must be a float, got {type(v).__name__}")
     if lr is not None:
         _check_scalar("learning_rate", lr)
     b1, b2, eps, weight_decay = float(b1), float(b2), float(eps), float(weight_decay)
@@ -268,7 +285,8 @@ def _adam(b1: float, b2: float, eps: float, lr: ScalarOrSchedule | None, weight_
     def init(params: Any) -> ScaleByAdamState:
         return ScaleByAdamState(_zero_count(params), T.tree_zeros_like(params), T.tree_zeros_like(params))
 
-    def update(updates: Updates, state: ScaleByAdamState, params: Any = None, **extra):
+    def update(updates: Updates, state: ScaleByAdamState, params: Any = None, *, iteration=None, **unknown):
+        _reject_unknown(name, unknown)
         g, treedef = _flat(updates)
         count = state.count + 1
         if not g:
@@ -281,7 +299,7 @@ def _adam(b1: float, b2: float, eps: float, lr: ScalarOrSchedule | None, weight_
         t = count.to(torch.float64)
         bc1 = 1 - torch.pow(torch.full_like(t, b1), t)
         bc2 = 1 - torch.pow(torch.full_like(t, b2), t)
-        lr_t = 1.0 if lr is None else _eval64(lr, _step_for(state.count, extra))
+        lr_t = 1.0 if lr is None else _eval64(lr, _step_for(state.count, iteration))
         step_size = -(lr_t / bc1) if lr is not None else 1 / bc1
         denom = torch._foreach_sqrt(nu)
         torch._foreach_div_(denom, _as_leaf_scalar(torch.pow(bc2, 0.5), g))
@@ -317,7 +335,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
     Returns:
       A :class:`GradientTransformation` with :class:`ScaleByAdamState`.
     """
-    return _adam(b1, b2, eps, None, 0.0)
+    return _adam(b1, b2, eps, None, 0.0, "scale_by_adam")
 
 
 def scale_by_adamw(
@@ -339,7 +357,7 @@ def scale_by_adamw(
       A :class:`GradientTransformation` with :class:`ScaleByAdamState`; ``update`` needs ``params``
       when ``weight_decay != 0``.
     """
-    return _adam(b1, b2, eps, learning_rate, weight_decay)
+    return _adam(b1, b2, eps, learning_rate, weight_decay, "scale_by_adamw")
 
 
 def global_norm(tree: Any) -> torch.Tensor:
@@ -383,8 +401,9 @@ def clip_by_global_norm(max_norm: float = 10.0) -> GradientTransformation:
     def init(params: Any) -> ClipByGlobalNormState:
         return ClipByGlobalNormState(torch.zeros((), device=_device_of(params)))
 
-    def update(updates: Updates, state: ClipByGlobalNormState, params: Any = None, **extra):
-        del params, extra
+    def update(updates: Updates, state: ClipByGlobalNormState, params: Any = None, *, iteration=None, **unknown):
+        del params, iteration
+        _reject_unknown("clip_by_global_norm", unknown)
         u, treedef = _flat(updates)
         if not u:
             return updates, state

@@ -9,8 +9,8 @@ Data flow (DESIGN.md §1)::
     g_params_h, g_feats_h = head_pullback_h(g_preds_h)
     g_feats = sum_h g_feats_h                                              # explicit sum
     g_network = net_pullback(g_feats)
-    updates, opt_state = tx.update(grads, opt_state, params, skip=~finite)
-    params = apply_updates(params, updates); ema = ema.update(...)
+    updates, opt_state = apply_if_finite(tx).update(grads, opt_state, params, finite=finite)
+    params = apply_updates(params, updates); ema = ema.update(..., stepped=opt_state.stepped)
 
 Nothing here synchronises with the host: metrics stay on the device until
 :func:`yolo_func.train.metrics.fetch_metrics` reads them at a log step.
@@ -20,11 +20,17 @@ by default in :class:`yolo_func.train.replay.ReplayTrainStep`); every loss runs 
 outputs (the gradient flows back through the cast), as the assignment does (trap T20).
 
 Non-finite policy: when the summed loss or the global gradient norm is not finite, the step is
-skipped on the device — the gradients of this micro-batch are replaced by zeros, the optimizer does
-not step (its state, the accumulation buffers and the parameters stay as they were), the BN
-statistics keep their previous values and the EMA does not move; ``TrainState.skipped`` counts it
-and ``metrics["finite"]`` is False. :func:`yolo_func.train.metrics.fetch_metrics` reports the step
-and the offending loss parts.
+skipped on the device, for every optimizer. The step wraps the user's ``tx`` in
+:func:`yolo_func.optim.apply_if_finite` (in :func:`init_train_state`, so ``TrainState.opt_state``
+is an :class:`yolo_func.optim.ApplyIfFiniteState` around ``tx``'s state, and in
+:func:`finish_step`); that wrapper zeroes this micro-batch's gradients, returns zero updates and
+keeps the whole inner optimizer state (momenta, Adam moments and counts, accumulation buffers), so
+the params do not move; the BN statistics keep their previous values here and the EMA does not
+move (it follows the wrapper's ``stepped`` flag). ``TrainState.skipped`` counts it and
+``metrics["finite"]`` is False. Integer counters that advance anyway: ``TrainState.step`` and the
+wrapper's ``count`` (the iteration ``ni`` the schedules and ``multi_steps`` read: the reference's
+loop index, which counts every micro-batch) and its non-finite counters.
+:func:`yolo_func.train.metrics.fetch_metrics` reports the step and the offending loss parts.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from yolo_func.func import autocast, first_order, flat_vjp  # re-exported: they 
 from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
-from yolo_func.optim import apply_updates, global_norm
+from yolo_func.optim import apply_if_finite, apply_updates, global_norm
 from yolo_func.structures.checks import check_batch
 from yolo_func.train.state import Batch, TrainState
 
@@ -273,6 +279,11 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     """Optimizer, EMA, the non-finite guard and the metrics (shared by the eager and replay steps).
 
     Args:
+      tx: the user's optimizer; it runs wrapped in :func:`yolo_func.optim.apply_if_finite`
+        (``ts.opt_state`` is that wrapper's state, as :func:`init_train_state` builds it), which
+        owns skipping: ``finite`` (summed loss and gradient norm both finite) is its veto.
+      skip_nonfinite: False builds the wrapper with ``enabled=False`` (nothing is skipped; the
+        state keeps its structure).
       apply: ``apply_updates`` (pure) or ``apply_updates_`` (in place, for static buffers).
       old_model_state: the BN statistics a skipped step keeps (default ``ts.state``; a replayed
         network has already overwritten its static statistics, so it passes a backup).
@@ -282,25 +293,21 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     """
     total = torch.stack([v.float() for v in losses.values()]).sum()
     gnorm = global_norm(grads)
-    finite = torch.isfinite(total) & torch.isfinite(gnorm)
+    guard = apply_if_finite(tx, enabled=skip_nonfinite)
+    updates, opt_state = guard.update(grads, ts.opt_state, ts.params, finite=torch.isfinite(total) & torch.isfinite(gnorm))
+    finite = opt_state.notfinite_count == 0  # the wrapper's verdict (the veto AND its own gradient check)
     if skip_nonfinite:
-        grads = T.tree_where(finite, grads, 0.0)  # flat: a few kernels for the whole tree
         old = ts.state if old_model_state is None else old_model_state
-        new_model_state = T.tree_where(finite, new_model_state, old)
-        updates, opt_state = tx.update(grads, ts.opt_state, ts.params, skip=~finite)
-    else:
-        updates, opt_state = tx.update(grads, ts.opt_state, ts.params)
+        new_model_state = T.tree_where(finite, new_model_state, old)  # flat: a few kernels for the whole tree
     params = apply(ts.params, updates)
-    stepped = getattr(opt_state, "stepped", None)
+    stepped = opt_state.stepped  # false on a skipped call and on accumulating micro-steps
     ema_state = ts.ema
     if ema is not None:
         ema_state = ema.update({"params": params, "state": new_model_state}, ts.ema, stepped=stepped)
     metrics = {f"loss/{k}": v for k, v in parts.items()}
     metrics.update({f"feat_grad_norm/{k}": v for k, v in feat_norms.items()})
     # step: a copy, so a captured step's metric is not the carry buffer it later overwrites
-    metrics.update(loss=total, grad_norm=gnorm, finite=finite, step=ts.step.clone())
-    if stepped is not None:
-        metrics["stepped"] = stepped
+    metrics.update(loss=total, grad_norm=gnorm, finite=finite, stepped=stepped.clone(), step=ts.step.clone())
     new_ts = TrainState(params, new_model_state, opt_state, ema_state, ts.step + 1,
                         ts.skipped + (~finite).to(ts.skipped.dtype))
     return new_ts, metrics
@@ -316,8 +323,10 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
         the device inside the network's differentiated function: :func:`normalize_images`) or
         ``float[B, 3, H, W]`` in [0, 1].
       model: the :class:`Model` whose params ``ts`` holds.
-      tx: a :class:`yolo_func.optim.GradientTransformation` accepting ``skip=`` (e.g. wrapped in
-        :func:`yolo_func.optim.multi_steps`).
+      tx: any :class:`yolo_func.optim.GradientTransformation` (``sgd``, ``adamw``,
+        ``yolo_sgd(...).tx``, ``multi_steps(...)``); the step wraps it in
+        :func:`yolo_func.optim.apply_if_finite` (``ts`` must come from :func:`init_train_state`
+        with the same ``tx``).
       ema: an :class:`yolo_func.optim.Ema` or None.
       autocast_dtype: e.g. ``torch.bfloat16``; None runs in the params' dtype.
       skip_nonfinite: apply the non-finite policy of this module's docstring.
@@ -343,7 +352,13 @@ def init_train_state(model: Model, tx, gen: torch.Generator, *, device: torch.de
                      channels_last: bool | None = None, params: dict | None = None, state: dict | None = None) -> TrainState:
     """Initialise (or wrap given) params and state, the optimizer state and the EMA on ``device``.
 
+    The optimizer state is ``apply_if_finite(tx).init(params)``: an
+    :class:`yolo_func.optim.ApplyIfFiniteState` whose ``inner_state`` is ``tx``'s own, the form
+    :func:`train_step` and :class:`yolo_func.train.replay.ReplayTrainStep` update (pass the plain
+    ``tx`` to both; the step adds the guard).
+
     Args:
+      tx: the optimizer (any :class:`yolo_func.optim.GradientTransformation`).
       channels_last: lay 4-D parameters out NHWC; defaults to True on CUDA, False elsewhere.
       params, state: start from these trees (e.g. converted reference weights) instead of ``init``.
     """
@@ -356,4 +371,4 @@ def init_train_state(model: Model, tx, gen: torch.Generator, *, device: torch.de
     state = T.tree_to(state, device)
     zero = torch.zeros((), dtype=torch.int64, device=device)
     ema_state = ema.init({"params": params, "state": state}) if ema is not None else None
-    return TrainState(params, state, tx.init(params), ema_state, zero, zero.clone())
+    return TrainState(params, state, apply_if_finite(tx).init(params), ema_state, zero, zero.clone())
