@@ -101,7 +101,9 @@ def test_non_uint8_integer_images_are_rejected_with_the_fix():
     ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
     b = synthetic_batch("detect", 2, SIZE, num_classes=3, seed=1)
     bad = Batch((b.images * 255).to(torch.int32), b.targets)
-    with pytest.raises(TypeError, match=r"^\[yolo_func\] images must be uint8 \(0..255\) or floating \(0..1\), got torch.int32"):
+    # the step's boundary check (structures.check_batch) names the field, the dtypes it takes and
+    # the one it got, before anything runs
+    with pytest.raises(ValueError, match=r"^\[yolo_func\] batch\.images: expected dtype uint8 \(0\.\.255\) or a floating dtype \(0\.\.1\), got torch\.int32"):
         train_step(ts, bad, model=model, tx=tx)
 
 
