@@ -158,6 +158,7 @@ def test_pickle_round_trip_and_lazy_coco(tiny):
     np.testing.assert_array_equal(a.masks, b.masks)
     np.testing.assert_array_equal(a.boxes, b.boxes)
     assert len(clone.coco.getImgIds()) == 32
+    assert "info" in clone.coco.dataset and "licenses" in clone.coco.dataset  # for pycocotools' loadRes
 
 
 # ---------------------------------------------------------------------- helpers for synthetic JSONs

@@ -280,3 +280,35 @@ def test_bad_images_are_skipped_and_counted(tmp_path):
 def test_write_rejects_mismatched_splits(converted):
     with pytest.raises(ValueError, match="same task"):
         write_yolo_dataset({"train": converted["detect"][0], "val": converted["pose"][0]}, "/nonexistent")
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("task", ["segment", "pose"])
+def test_reference_reads_the_conversion(converted, task, tmp_path, monkeypatch):
+    """The reference's own dataset (black box, public ``build_yolo_dataset``) reads what
+    ``write_yolo_dataset`` wrote: no corrupt file, the same classes, boxes and keypoints."""
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path / "cfg"))
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.build import build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    _, data_yaml = converted[task]
+    ours = YoloDataset(data_yaml, "train", task=task)
+    data = check_det_dataset(str(data_yaml))
+    ref = build_yolo_dataset(get_cfg(overrides={"task": task, "imgsz": 160}), data["train"], 4, data, mode="val")
+    by_file = {Path(f).resolve(): i for i, f in enumerate(ours.image_files)}
+    assert len(ref.labels) == len(ours)
+    for label in ref.labels:
+        i = by_file[Path(label["im_file"]).resolve()]
+        h, w = ours.image_sizes[i]
+        boxes, classes, keypoints = ours.labels(i)
+        np.testing.assert_array_equal(label["cls"].reshape(-1).astype(np.int64), classes)
+        cx, cy, bw, bh = np.asarray(label["bboxes"], np.float64).reshape(-1, 4).T
+        ref_xyxy = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1) * [w, h, w, h]
+        np.testing.assert_allclose(ref_xyxy, boxes, atol=1.0)
+        if task == "segment":
+            assert len(label["segments"]) == len(classes)
+        else:
+            kp = np.asarray(label["keypoints"], np.float64) * [w, h, 1]
+            np.testing.assert_allclose(kp, keypoints, atol=0.01)

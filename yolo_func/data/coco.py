@@ -198,6 +198,9 @@ class CocoDataset:
         if missing:
             raise ValueError(f"[yolo_func] annotations={str(path)!r}: missing or non-list keys {missing}; a COCO "
                              "instances / person_keypoints JSON has images, annotations and categories lists")
+        # pycocotools 2.0.10's loadRes (COCOeval of predictions) raises KeyError without these.
+        dataset.setdefault("info", {})
+        dataset.setdefault("licenses", [])
         coco = COCO()
         coco.dataset = dataset
         try:
