@@ -290,9 +290,9 @@ class CocoDataset:
             k = self._class_of.get(ann["category_id"])
             if k is None or ann.get("iscrowd", 0):
                 continue
-            x, y, bw, bh = (float(v) for v in ann["bbox"])
-            box = np.clip(np.array([x, y, x + bw, y + bh], np.float64), 0, [w, h, w, h])
-            if bw <= 0 or bh <= 0 or box[2] <= box[0] or box[3] <= box[1]:
+            x, y, bw, bh = ann["bbox"]  # plain Python: this loop runs once per annotation of the JSON
+            box = (min(max(x, 0.0), w), min(max(y, 0.0), h), min(max(x + bw, 0.0), w), min(max(y + bh, 0.0), h))
+            if not (bw > 0 and bh > 0 and box[2] > box[0] and box[3] > box[1]):
                 self._count("empty_box", img, f"annotation {ann.get('id')}")
                 continue
             if self.task == "segment":
@@ -331,7 +331,7 @@ class CocoDataset:
                 return None
             return mask_utils.frPyObjects(segm, h, w) if isinstance(segm["counts"], list) else segm
         parts = segm if isinstance(segm, list) else []
-        good = [[float(v) for v in p] for p in parts if _polygon_ok(p)]
+        good = [p for p in parts if _polygon_ok(p)]
         if len(good) != len(parts) or not good:
             self._count("bad_polygon", img, f"annotation {ann.get('id')}")
         return good or None
