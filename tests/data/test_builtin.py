@@ -86,6 +86,23 @@ def test_interrupted_generation_leaves_nothing(tmp_path, monkeypatch):
     assert list(base.iterdir()) == []
 
 
+def test_concurrent_generation_keeps_the_finished_copy(tmp_path, monkeypatch):
+    real = B._write_split
+    seen = {}
+
+    def racing(out, kind, split, seed, n):
+        # Another process generates and publishes the same split while this one is writing.
+        monkeypatch.setattr(B, "_write_split", real)
+        first = B.generate_builtin(kind, split, root=tmp_path, seed=seed, num_images=n)
+        seen["inode"] = (first / "annotations.json").stat().st_ino
+        real(out, kind, split, seed, n)
+
+    monkeypatch.setattr(B, "_write_split", racing)
+    folder = B.generate_builtin("shapes", "val", root=tmp_path, num_images=2)
+    assert (folder / "annotations.json").stat().st_ino == seen["inode"]  # not replaced under a reader
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temp folder left
+
+
 def test_cache_root_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert B.builtin_root() == tmp_path / "xdg" / "yolo_func"
@@ -102,6 +119,8 @@ def test_bad_arguments():
         builtin_dataset("classify", "train")
     with pytest.raises(ValueError, match="at least 1"):
         builtin_dataset("detect", "train", num_images=0)
+    with pytest.raises(ValueError, match=r"seed=-1\): expected an int >= 0"):
+        builtin_dataset("detect", "train", seed=-1)
 
 
 def test_shapes_annotations_are_the_visible_pixels(shapes):

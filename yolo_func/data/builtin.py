@@ -88,11 +88,13 @@ def builtin_dataset(task: str, split: str, *, root: str | os.PathLike | None = N
       keypoints and COCO's flip index).
 
     Raises:
-      ValueError: unknown task or split, or ``num_images`` < 1.
+      ValueError: unknown task or split, a negative or non-integer seed, or ``num_images`` < 1.
     """
     check_task(task)
     if split not in _SPLIT_STREAM:
         raise ValueError(f"[yolo_func] builtin_dataset(split={split!r}): expected 'train' or 'val'")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"[yolo_func] builtin_dataset(seed={seed!r}): expected an int >= 0")
     n = DEFAULT_SIZES[split] if num_images is None else int(num_images)
     if n < 1:
         raise ValueError(f"[yolo_func] builtin_dataset(num_images={num_images!r}): expected at least 1 image")
@@ -132,6 +134,8 @@ def generate_builtin(kind: str, split: str, *, root: str | os.PathLike | None = 
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=base))
     try:
         _write_split(tmp, kind, split, seed, num_images)
+        if _complete(folder):  # another process finished the same split meanwhile: keep its copy
+            return folder
         if folder.exists():  # incomplete or corrupt: replace it
             shutil.rmtree(folder, ignore_errors=True)
         try:
