@@ -126,6 +126,18 @@ def test_pose_selects_keypoint_categories_only(tmp_path):
         CocoDataset(data, tmp_path / "images", task="pose", categories=["dog"])
 
 
+def test_pose_bad_or_missing_keypoints(tmp_path):
+    data = _mini_json(tmp_path, categories=[{"id": 1, "name": "person", "keypoints": ["nose", "left_eye", "right_eye"]}],
+                      annotations=[_ann(1, 1, 1, [2, 2, 10, 10], keypoints=[3, 3, 2, 0, 0]),  # 5 values, not 9
+                                   _ann(2, 1, 1, [1, 1, 5, 5])])  # no keypoints field: all invisible
+    with pytest.warns(UserWarning, match=r"a\.png \(bad_keypoints: annotation 1 has 5 values, expected 9\)"):
+        ds = CocoDataset(data, tmp_path / "images", task="pose")
+    assert ds.skipped["bad_keypoints"] == 1
+    s = ds[0]
+    np.testing.assert_array_equal(s.boxes, [[1, 1, 6, 6]])
+    np.testing.assert_array_equal(s.keypoints, np.zeros((1, 3, 3), np.float32))
+
+
 def test_category_selection_and_order(tiny):
     ds = CocoDataset(*tiny, task="detect", categories=[18, "person"])
     assert ds.category_ids == [18, 1] and ds.names == ["dog", "person"]

@@ -61,7 +61,8 @@ _WARN_FIRST = 5
 def check_task(task: str) -> str:
     """Returns ``task`` or raises the library's error for an unknown one."""
     if task not in TASKS:
-        raise ValueError(f"[yolo_func] task must be one of {TASKS}, got {task!r}; pass task='detect', 'segment' or 'pose'")
+        raise ValueError(f"[yolo_func] task must be one of {TASKS}, got {task!r}; "
+                         "pass task='detect', 'segment' or 'pose'")
     return task
 
 
@@ -306,7 +307,8 @@ class CocoDataset:
                 if raw is None:
                     raw = [0.0] * (3 * p)
                 if len(raw) != 3 * p:
-                    self._count("bad_keypoints", img, f"annotation {ann.get('id')} has {len(raw)} values, expected {3 * p}")
+                    self._count("bad_keypoints", img,
+                                f"annotation {ann.get('id')} has {len(raw)} values, expected {3 * p}")
                     continue
                 kpts.append(np.asarray(raw, np.float32).reshape(p, 3))
             boxes.append(box)
