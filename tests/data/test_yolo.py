@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from pycocotools import mask as mask_utils
 
 from yolo_func.data import CocoDataset, YoloDataset
-from yolo_func.data.yolo import label_path, merge_polygon_parts, write_yolo_dataset
+from yolo_func.data.polygons import merge_polygon_parts
+from yolo_func.data.yolo import label_path, write_yolo_dataset
 
 COCO_FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]
 
@@ -312,3 +313,20 @@ def test_reference_reads_the_conversion(converted, task, tmp_path, monkeypatch):
         else:
             kp = np.asarray(label["keypoints"], np.float64) * [w, h, 1]
             np.testing.assert_allclose(kp, keypoints, atol=0.01)
+
+
+def test_polygons_fill_to_the_masks(converted, shared_data):
+    """``polygons(i)`` (one path per instance, float32 pixels) rasterises back to the dataset's
+    masks, within the tolerance of the coordinates' rounding (see ``_check_masks``)."""
+    coco, data_yaml = converted["segment"]
+    yolo = YoloDataset(data_yaml, "train", task="segment")
+    for ds in (coco, yolo):
+        for i in range(0, len(ds), 4):
+            s = ds[i]
+            h, w = s.image.shape[:2]
+            polys = ds.polygons(i)
+            assert len(polys) == len(s.classes) and all(p.dtype == np.float32 and p.shape[1] == 2 for p in polys)
+            filled = [mask_utils.decode(mask_utils.frPyObjects([p.astype(np.float64).ravel().tolist()], h, w))[:, :, 0]
+                      for p in polys]
+            _check_masks(s.masks, np.asarray(filled, np.uint8).reshape(s.masks.shape))
+    assert YoloDataset(data_yaml, "train", task="detect").polygons(0) == []

@@ -49,6 +49,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from yolo_func.data.images import check_image, read_image
+from yolo_func.data.polygons import segmentation_to_polygon
 from yolo_func.data.sample import Sample
 
 __all__ = ["CocoDataset", "TASKS", "flip_index_from_names", "segmentations_to_masks", "warn_skipped"]
@@ -415,6 +416,23 @@ class CocoDataset:
           ``[]`` for the other tasks.
         """
         return list(self._targets[index][3])
+
+    def polygons(self, index: int) -> list[np.ndarray]:
+        """Each target's segmentation as one polygon in pixels (task ``segment``), in Sample order.
+
+        Multi-part polygons are joined into one path and RLE masks outlined
+        (:func:`yolo_func.data.polygons.segmentation_to_polygon`), so the even-odd fill of each
+        path gives the instance's mask: the form the reference's augmentation transforms.
+
+        Returns:
+          N float32[K_j, 2] (x, y) vertex arrays; ``[]`` for the other tasks.
+        """
+        h, w = (int(v) for v in self.image_sizes[index])
+        out = []
+        for segm in self._targets[index][3]:
+            path = segmentation_to_polygon(segm, h, w)
+            out.append(np.zeros((0, 2), np.float32) if path is None else path.astype(np.float32))
+        return out
 
     def read_image(self, index: int) -> np.ndarray:
         """Decodes only the image of ``index``: uint8[H, W, 3] RGB, EXIF orientation applied.

@@ -43,17 +43,16 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import cv2
 import numpy as np
 import yaml
-from pycocotools import mask as mask_utils
 
 from yolo_func.data.coco import CocoDataset, check_task, segmentations_to_masks, warn_skipped
 from yolo_func.data.images import check_image, read_image
+from yolo_func.data.polygons import segmentation_to_polygon
 from yolo_func.data.sample import Sample
 
 __all__ = ["YoloDataset", "write_yolo_dataset", "IMAGE_SUFFIXES"]
@@ -337,9 +336,20 @@ class YoloDataset:
                 keypoints[..., 2] = np.where((kpts_n[..., 0] != 0) | (kpts_n[..., 1] != 0), 2.0, 0.0)
         return boxes, classes.copy(), keypoints
 
-    def polygons(self, index: int) -> list[np.ndarray | None]:
-        """Each instance's normalised polygon float64[2K] (None for box-only lines), in Sample order."""
-        return list(self._labels[index][2])
+    def polygons(self, index: int, size: tuple[int, int] | None = None) -> list[np.ndarray]:
+        """Each instance's polygon in pixels (task ``segment``), in Sample order.
+
+        Args:
+          index: the image index.
+          size: (H, W) to scale the normalised polygons to; default ``image_sizes[index]``.
+
+        Returns:
+          N float32[K_j, 2] (x, y) vertex arrays; ``[]`` for the other tasks.
+        """
+        if self.task != "segment":
+            return []
+        h, w = size if size is not None else self.image_sizes[index]
+        return [(p.reshape(-1, 2) * [w, h]).astype(np.float32) for p in self._labels[index][2]]
 
     def image_path(self, index: int) -> Path:
         """The image file of ``index``."""
@@ -383,81 +393,6 @@ class YoloDataset:
 
 
 # ---------------------------------------------------------------------- conversion
-def merge_polygon_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """Joins the parts of a multi-part polygon into one closed path (one YOLO label line).
-
-    Each further part hangs off the vertex of the first part nearest to it by a zero-width
-    connector walked out and back, so the even-odd fill of the single path covers the union of the
-    parts (overlapping parts excepted) and nothing more.
-
-    Args:
-      parts: float[K_i, 2] vertices of each part, pixels or normalised.
-
-    Returns:
-      float[K, 2] vertices of the single path.
-    """
-    base = np.asarray(parts[0], np.float64)
-    hooks: dict[int, list[np.ndarray]] = {}
-    for part in parts[1:]:
-        part = np.asarray(part, np.float64)
-        d = ((base[:, None, :] - part[None, :, :]) ** 2).sum(-1)
-        i, j = np.unravel_index(int(np.argmin(d)), d.shape)
-        loop = np.concatenate([np.roll(part, -j, axis=0), part[j:j + 1]])
-        hooks.setdefault(int(i), []).append(loop)
-    out = []
-    for i, v in enumerate(base):
-        out.append(v[None])
-        for loop in hooks.get(i, []):
-            out.append(loop)
-            out.append(v[None])
-    return np.concatenate(out)
-
-
-def _pixel_outline(contour: np.ndarray, hole: bool) -> np.ndarray:
-    """The outline of a contour's pixels (pixel-corner frame) from OpenCV's pixel-centre contour.
-
-    ``cv2.findContours`` returns the centres of the boundary pixels; the pixels themselves reach
-    half a pixel further. Each edge (axis-aligned or diagonal with ``CHAIN_APPROX_SIMPLE``) is moved
-    away from the object by ``0.5 * max(|n_x|, |n_y|)`` (half a pixel for an axis-aligned edge, the
-    area-preserving line of a 45-degree staircase for a diagonal one) and adjacent edges are
-    re-intersected. Rasterised back with pycocotools, the outline gives the mask's pixels (exactly
-    on rectangles, circles and triangles in the tests; IoU >= 0.95 on the built-in shapes).
-
-    Args:
-      contour: float[K, 2] pixel-centre contour (x, y) from ``cv2.findContours``.
-      hole: True for a hole's contour (then the object is outside it).
-
-    Returns:
-      float[K', 2] outline vertices.
-    """
-    v = contour + 0.5
-    if len(v) < 3 or abs(cv2.contourArea(v.astype(np.float32))) < 1e-9:  # a pixel or a 1-pixel line
-        (x1, y1), (x2, y2) = contour.min(0), contour.max(0) + 1
-        return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float64)
-    e = np.roll(v, -1, axis=0) - v
-    twice_area = float((v[:, 0] * np.roll(v[:, 1], -1) - np.roll(v[:, 0], -1) * v[:, 1]).sum())
-    left = np.stack([-e[:, 1], e[:, 0]], 1) / np.linalg.norm(e, axis=1, keepdims=True)
-    out = -left if (twice_area > 0) != hole else left  # away from the object
-    d = 0.5 * np.maximum(np.abs(out[:, 0]), np.abs(out[:, 1]))
-    n1, d1 = np.roll(out, 1, axis=0), np.roll(d, 1)  # the edge into each vertex
-    det = n1[:, 0] * out[:, 1] - n1[:, 1] * out[:, 0]
-    ok = np.abs(det) > 1e-6
-    safe = np.where(ok, det, 1.0)
-    corner = np.stack([(d1 * out[:, 1] - d * n1[:, 1]) / safe, (n1[:, 0] * d - out[:, 0] * d1) / safe], 1)
-    return v + np.where(ok[:, None], corner, d1[:, None] * n1)
-
-
-def _mask_polygon(mask: np.ndarray) -> np.ndarray | None:
-    """One path (pixels, float[K, 2]) outlining a binary mask's parts and holes, or None if empty."""
-    contours, hierarchy = cv2.findContours(mask.astype(np.uint8), cv2.RETR_CCOMP, cv2.CHAIN_APPROX_SIMPLE)
-    if not contours:
-        return None
-    parts = [_pixel_outline(c.reshape(-1, 2).astype(np.float64), hole=bool(row[3] >= 0))
-             for c, row in zip(contours, hierarchy[0])]
-    parts.sort(key=lambda c: -abs(cv2.contourArea(c.astype(np.float32))))
-    return merge_polygon_parts(parts)
-
-
 def _link_or_copy(src: Path, dst: Path) -> None:
     if dst.exists():
         dst.unlink()
@@ -474,7 +409,7 @@ def write_yolo_dataset(datasets: CocoDataset | Mapping[str, CocoDataset], out_di
     across file systems) and ``out_dir/labels/<split>/*.txt``; ``out_dir/data.yaml`` lists the
     splits, names and, for pose, ``kpt_shape`` and ``flip_idx``. Boxes become ``cls cx cy w h``
     (detect), polygons ``cls x1 y1 ...`` (segment; multi-part polygons joined by
-    :func:`merge_polygon_parts`, RLE masks outlined from OpenCV contours), keypoints
+    :func:`~yolo_func.data.polygons.merge_polygon_parts`, RLE masks outlined from OpenCV contours), keypoints
     ``cls cx cy w h x y v ...`` (pose); all normalised by the image size, 6 decimals.
 
     Args:
@@ -530,10 +465,7 @@ def _label_text(ds: CocoDataset, index: int) -> str:
         fields = [f"{int(classes[k])}"]
         if ds.task == "segment":
             segm = segms[k]
-            if isinstance(segm, dict):
-                path = _mask_polygon(mask_utils.decode(segm))
-            else:
-                path = merge_polygon_parts([np.asarray(p, np.float64).reshape(-1, 2) for p in segm])
+            path = segmentation_to_polygon(segm, h, w)
             if path is None:
                 continue
             fields += [f"{v:.6f}" for v in (path / scale).clip(0, 1).ravel()]
