@@ -1,5 +1,8 @@
 """Datasets, augmentation and loaders: raw :class:`Sample` records in, static-shape batches out."""
 
+from yolo_func.data.builtin import builtin_dataset
+from yolo_func.data.coco import CocoDataset
 from yolo_func.data.sample import Sample
+from yolo_func.data.yolo import YoloDataset
 
-__all__ = ["Sample"]
+__all__ = ["Sample", "CocoDataset", "YoloDataset", "builtin_dataset"]
