@@ -381,7 +381,7 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int) -> 
         raise ValueError(f"[yolo_func] mosaic: records: expected 4 records, got {len(records)}")
     s2 = 2 * size
     xc, yc = center
-    canvas = np.full((s2, s2, 3), PAD_VALUE, np.uint8)
+    canvas = np.empty((s2, s2, 3), np.uint8)  # only the uncovered parts are filled (_fill_outside)
     parts = []
     for i, rec in enumerate(records):
         h, w = rec.image.shape[:2]
@@ -398,6 +398,9 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int) -> 
             x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s2), min(s2, yc + h)
             x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
         canvas[y1a:y2a, x1a:x2a] = rec.image[y1b:y2b, x1b:x2b]
+        qx0, qy0 = (0 if i in (0, 2) else xc), (0 if i in (0, 1) else yc)
+        qx1, qy1 = (xc if i in (0, 2) else s2), (yc if i in (0, 1) else s2)
+        _fill_outside(canvas, (qx0, qy0, qx1, qy1), (x1a, y1a, x2a, y2a))
         parts.append(_shift_clip(rec, x1a - x1b, y1a - y1b, (x1a, y1a, x2a, y2a)))
     boxes = np.concatenate([p.boxes for p in parts])
     classes = np.concatenate([p.classes for p in parts])
@@ -410,6 +413,16 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int) -> 
     out = Annotated(canvas, boxes, classes, masks, kpts)
     keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     return out.select(keep)
+
+
+def _fill_outside(canvas: np.ndarray, quadrant: tuple[int, int, int, int], rect: tuple[int, int, int, int]) -> None:
+    """Fill ``quadrant`` minus ``rect`` (both x1, y1, x2, y2; rect inside quadrant) with the pad value."""
+    qx0, qy0, qx1, qy1 = quadrant
+    x1, y1, x2, y2 = rect
+    canvas[qy0:y1, qx0:qx1] = PAD_VALUE
+    canvas[y2:qy1, qx0:qx1] = PAD_VALUE
+    canvas[y1:y2, qx0:x1] = PAD_VALUE
+    canvas[y1:y2, x2:qx1] = PAD_VALUE
 
 
 def _shift_clip(rec: Annotated, dx: int, dy: int, region: tuple[int, int, int, int]) -> Annotated:

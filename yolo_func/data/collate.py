@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import cv2
 import numpy as np
 import torch
 
@@ -101,7 +102,7 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
         if it.image.shape[:2] != (H, W):
             raise ValueError(f"[yolo_func] collate: items[{i}].image is {it.image.shape[:2]}, expected {(H, W)}; "
                              "every image of a batch must have the same size")
-        images[i] = it.image.transpose(2, 0, 1)
+        cv2.split(it.image, [images[i, 0], images[i, 1], images[i, 2]])  # HWC -> CHW into place, no temporaries
         n = counts[i]
         boxes[i, :n] = it.boxes
         classes[i, :n] = it.classes
