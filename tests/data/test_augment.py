@@ -309,3 +309,33 @@ def test_mosaic_partners_come_from_the_window():
 def test_roi_masks_reject_wrong_rank():
     with pytest.raises(ValueError, match=r"\[yolo_func\] masks"):
         A.RoiMasks.from_dense(np.zeros((4, 4), np.uint8))
+
+
+@given(seed=SEEDS, xc=st.integers(64, 192), yc=st.integers(64, 192), x0=st.integers(0, 200), y0=st.integers(0, 200),
+       w=st.integers(1, 256), h=st.integers(1, 256))
+def test_mosaic_region_is_the_crop_of_the_whole_mosaic(seed, xc, yc, x0, y0, w, h):
+    recs = [_rec(seed + i, h=int(80 + 16 * (i % 2)), w=int(128 - 24 * (i // 2)), keypoints=3) for i in range(4)]
+    x1, y1 = min(x0 + w, 256), min(y0 + h, 256)
+    full = A.mosaic(recs, (xc, yc), 128)
+    part = A.mosaic(recs, (xc, yc), 128, region=(x0, y0, x1, y1))
+    np.testing.assert_array_equal(part.image, full.image[y0:y1, x0:x1])
+    off = np.array([x0, y0, x0, y0], np.float32)
+    np.testing.assert_array_equal(part.boxes, full.boxes - off)  # same instances, same clipping
+    np.testing.assert_array_equal(part.classes, full.classes)
+    np.testing.assert_array_equal(part.masks.offsets, full.masks.offsets - [x0, y0])
+    np.testing.assert_array_equal(part.keypoints[..., 2], full.keypoints[..., 2])
+
+
+@given(seed=SEEDS)
+def test_affine_on_the_source_region_equals_the_affine_on_the_whole_input(seed):
+    rng = np.random.default_rng(seed)
+    recs = [_rec(seed + i, h=96, w=128) for i in range(4)]
+    t = _random_transform(rng, (256, 256), (128, 128), perspective=False)
+    full = A.apply_affine(A.mosaic(recs, (128, 128), 128), t)
+    x0, y0, x1, y1 = t.source_region((256, 256))
+    part = A.apply_affine(A.mosaic(recs, (128, 128), 128, region=(x0, y0, x1, y1)), t.shifted(x0, y0))
+    # the same pixels up to fixed-point rounding ties of the shifted matrix
+    assert np.count_nonzero(np.abs(part.image.astype(int) - full.image) > 1) == 0
+    assert np.count_nonzero(part.image != full.image) <= part.image.size // 500
+    np.testing.assert_array_equal(part.classes, full.classes)
+    np.testing.assert_allclose(part.boxes, full.boxes, atol=1)

@@ -362,7 +362,8 @@ def mosaic_partners(rng: np.random.Generator, position: int, window: Sequence[in
     return [int(window[j]) for j in rng.integers(0, len(window), 3)]
 
 
-def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int) -> Annotated:
+def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
+           region: tuple[int, int, int, int] | None = None) -> Annotated:
     """Place four records on a ``2size x 2size`` canvas filled with 114 around ``center``.
 
     Record 0 goes top-left of the centre, then top-right, bottom-left, bottom-right (REFERENCE.md
@@ -373,15 +374,22 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int) -> 
       records: four :class:`Annotated` with images uint8[h_i, w_i, 3] (long side ``size``).
       center: (xc, yc) from :func:`sample_mosaic_center`.
       size: the training image size s.
+      region: optional (x0, y0, x1, y1) inside the canvas: only that part of the canvas is built
+        and the labels are given relative to (x0, y0) (clipped as on the whole canvas). The
+        pipeline builds only the part its affine reads (:meth:`AffineTransform.source_region`).
 
     Returns:
-      :class:`Annotated` with image uint8[2s, 2s, 3].
+      :class:`Annotated` with image uint8[2s, 2s, 3] (or uint8[y1 - y0, x1 - x0, 3] with ``region``).
     """
     if len(records) != 4:
         raise ValueError(f"[yolo_func] mosaic: records: expected 4 records, got {len(records)}")
     s2 = 2 * size
     xc, yc = center
-    canvas = np.empty((s2, s2, 3), np.uint8)  # only the uncovered parts are filled (_fill_outside)
+    rx0, ry0, rx1, ry1 = region if region is not None else (0, 0, s2, s2)
+    if not (0 <= rx0 < rx1 <= s2 and 0 <= ry0 < ry1 <= s2):
+        raise ValueError(f"[yolo_func] mosaic: region: expected 0 <= x0 < x1 <= {s2} and 0 <= y0 < y1 <= {s2}, "
+                         f"got {region}")
+    canvas = np.empty((ry1 - ry0, rx1 - rx0, 3), np.uint8)  # only the uncovered parts are filled
     parts = []
     for i, rec in enumerate(records):
         h, w = rec.image.shape[:2]
@@ -397,11 +405,23 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int) -> 
         else:
             x1a, y1a, x2a, y2a = xc, yc, min(xc + w, s2), min(s2, yc + h)
             x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
-        canvas[y1a:y2a, x1a:x2a] = rec.image[y1b:y2b, x1b:x2b]
+        # the placement and its quadrant, intersected with the region, in region coordinates
+        px0, py0, px1, py1 = max(x1a, rx0), max(y1a, ry0), min(x2a, rx1), min(y2a, ry1)
+        if px1 > px0 and py1 > py0:
+            canvas[py0 - ry0:py1 - ry0, px0 - rx0:px1 - rx0] = rec.image[
+                y1b + py0 - y1a:y1b + py1 - y1a, x1b + px0 - x1a:x1b + px1 - x1a]
+        else:
+            px0 = px1 = min(max(x1a, rx0), rx1)
+            py0 = py1 = min(max(y1a, ry0), ry1)
         qx0, qy0 = (0 if i in (0, 2) else xc), (0 if i in (0, 1) else yc)
         qx1, qy1 = (xc if i in (0, 2) else s2), (yc if i in (0, 1) else s2)
-        _fill_outside(canvas, (qx0, qy0, qx1, qy1), (x1a, y1a, x2a, y2a))
-        parts.append(_shift_clip(rec, x1a - x1b, y1a - y1b, (x1a, y1a, x2a, y2a)))
+        qx0, qy0, qx1, qy1 = max(qx0, rx0), max(qy0, ry0), min(qx1, rx1), min(qy1, ry1)
+        if qx1 > qx0 and qy1 > qy0:
+            px0, py0 = min(max(px0, qx0), qx1), min(max(py0, qy0), qy1)
+            px1, py1 = min(max(px1, px0), qx1), min(max(py1, py0), qy1)
+            _fill_outside(canvas, (qx0 - rx0, qy0 - ry0, qx1 - rx0, qy1 - ry0),
+                          (px0 - rx0, py0 - ry0, px1 - rx0, py1 - ry0))
+        parts.append(_shift_clip(rec, x1a - x1b - rx0, y1a - y1b - ry0, (x1a - rx0, y1a - ry0, x2a - rx0, y2a - ry0)))
     boxes = np.concatenate([p.boxes for p in parts])
     classes = np.concatenate([p.classes for p in parts])
     masks = kpts = None
@@ -471,6 +491,30 @@ class AffineTransform(NamedTuple):
     def is_affine(self) -> bool:
         """True when the last row is (0, 0, 1) (no perspective)."""
         return bool(np.all(self.matrix[2] == (0.0, 0.0, 1.0)))
+
+    def source_region(self, in_shape: tuple[int, int], margin: int = 2) -> tuple[int, int, int, int]:
+        """The part (x0, y0, x1, y1) of an input of ``in_shape`` (h, w) that the warp can read.
+
+        The output corners mapped back through the inverse matrix, widened by ``margin`` pixels for
+        the interpolation and clipped to the input; the whole input with perspective.
+        """
+        h, w = in_shape
+        if not self.is_affine:
+            return 0, 0, w, h
+        H, W = self.out_shape
+        inv = np.linalg.inv(self.matrix)
+        c = np.array([[-1, -1], [W, -1], [W, H], [-1, H]], np.float64) @ inv[:2, :2].T + inv[:2, 2]
+        x0, y0 = max(int(math.floor(c[:, 0].min())) - margin, 0), max(int(math.floor(c[:, 1].min())) - margin, 0)
+        x1, y1 = min(int(math.ceil(c[:, 0].max())) + margin + 1, w), min(int(math.ceil(c[:, 1].max())) + margin + 1, h)
+        if x1 <= x0 or y1 <= y0:  # nothing of the input is visible: keep one pixel
+            x0, y0 = min(max(x0, 0), w - 1), min(max(y0, 0), h - 1)
+            x1, y1 = x0 + 1, y0 + 1
+        return x0, y0, x1, y1
+
+    def shifted(self, x0: int, y0: int) -> AffineTransform:
+        """The same transform for an input cropped at (x0, y0): ``M @ translate(x0, y0)``."""
+        return AffineTransform(self.matrix @ np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64),
+                               self.out_shape, self.scale)
 
     def apply_image(self, image: np.ndarray) -> np.ndarray:
         """Warp ``uint8[h, w, 3]`` to ``uint8[H, W, 3]`` (linear, border 114)."""
@@ -816,12 +860,18 @@ def augment(rng: np.random.Generator, records: Sequence[Annotated], image_size: 
       :class:`Annotated` with image uint8[s, s, 3].
     """
     s = image_size
+    kw = dict(degrees=cfg.degrees, translate=cfg.translate, scale=cfg.scale, shear=cfg.shear,
+              perspective=cfg.perspective)
     if use_mosaic and rng.random() < cfg.mosaic:
-        rec = mosaic(records[:4], sample_mosaic_center(rng, s), s)
+        center = sample_mosaic_center(rng, s)
+        t = sample_affine(rng, (2 * s, 2 * s), (s, s), **kw)
+        # Build only the part of the 2s x 2s canvas the warp reads (a third of it on average).
+        x0, y0, x1, y1 = t.source_region((2 * s, 2 * s))
+        rec = mosaic(records[:4], center, s, region=(x0, y0, x1, y1))
+        t = t.shifted(x0, y0)
     else:
         rec = records[0]
-    t = sample_affine(rng, rec.image.shape[:2], (s, s), degrees=cfg.degrees, translate=cfg.translate,
-                      scale=cfg.scale, shear=cfg.shear, perspective=cfg.perspective)
+        t = sample_affine(rng, rec.image.shape[:2], (s, s), **kw)
     rec = apply_affine(rec, t)
     hsv = sample_hsv(rng, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v)
     rec = rec._replace(image=hsv.apply_image(rec.image))
