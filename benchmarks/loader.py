@@ -52,7 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from yolo_func.data import Sample, TrainLoader  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+_REPO = Path(__file__).resolve().parents[1]
+#: ../shared/data beside the checkout, or shared/data inside it (the device copy), or $YOLO_FUNC_SHARED_DATA
+SHARED = next((p for p in (Path(os.environ.get("YOLO_FUNC_SHARED_DATA", "/nonexistent")), _REPO.parent / "shared" / "data",
+                            _REPO / "shared" / "data") if p.is_dir()), _REPO.parent / "shared" / "data")
 
 
 class Repeat:

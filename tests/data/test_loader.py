@@ -174,3 +174,17 @@ def test_pinned_batches_reach_the_device_unchanged():
         torch.cuda.synchronize()
         assert torch.equal(dev.cpu(), b.images)
     assert_trees_all_equal(pinned, plain)
+
+
+def test_an_epoch_left_half_way_restarts_and_workers_run_across_epochs():
+    ds = ellipse_dataset(12, "detect")
+    full = TrainLoader(ds, batch_size=3, image_size=64, workers=2, seed=5)
+    e0, e1 = _epoch(full), _epoch(full)
+    loader = TrainLoader(ds, batch_size=3, image_size=64, workers=2, seed=5)
+    it = iter(loader)
+    first = next(it)
+    it.close()  # leave epoch 0 after one batch
+    assert loader.epoch == 0
+    assert_trees_all_equal(first, e0[0])
+    assert_trees_all_equal(_epoch(loader), e0)  # restarted from its first batch
+    assert_trees_all_equal(_epoch(loader), e1)

@@ -164,14 +164,20 @@ class _TrainBatches:
 
 
 class _EpochSampler(Sampler):
-    """Yields ``(epoch, b)`` for the loader's current epoch (read in the main process)."""
+    """Yields ``(epoch, b)`` from the loader's current epoch (read in the main process); with
+    ``endless`` it goes on into the following epochs, so the workers prefetch across epoch ends."""
 
-    def __init__(self, loader: TrainLoader | ValLoader, n_batches: int):
-        self.loader, self.n_batches = loader, n_batches
+    def __init__(self, loader: TrainLoader | ValLoader, n_batches: int, endless: bool = False):
+        self.loader, self.n_batches, self.endless = loader, n_batches, endless
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         e = self.loader.epoch
-        return iter([(e, b) for b in range(self.n_batches)])
+        while True:
+            for b in range(self.n_batches):
+                yield e, b
+            if not self.endless:
+                return
+            e += 1
 
     def __len__(self) -> int:
         return self.n_batches
@@ -192,7 +198,8 @@ class TrainLoader:
 
     ``for batch in loader`` yields one epoch: ``len(loader)`` batches (``drop_last``: the tail of
     the permutation that does not fill a batch is left out), then advances ``loader.epoch``;
-    :meth:`set_epoch` sets it explicitly (e.g. when resuming). The same seed gives the same batches,
+    :meth:`set_epoch` sets it explicitly (e.g. when resuming). The workers run on into the next
+    epoch while the current one is consumed; an epoch left half-way is restarted from its start. The same seed gives the same batches,
     bitwise, for any ``workers`` and with or without ``cache``.
 
     Mosaic partners: the reference draws the three partners of a mosaic from a buffer of the images
@@ -256,9 +263,13 @@ class TrainLoader:
         self._batches = _TrainBatches(self._source, batch_size=batch_size, image_size=image_size, seed=seed,
                                       epochs=epochs, cfg=cfg, shuffle=shuffle, max_boxes=max_boxes,
                                       mask_ratio=mask_ratio)
-        self._loader = _dataloader(self._batches, _EpochSampler(self, len(self._batches)), workers=workers,
-                                   pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+        self._loader = _dataloader(self._batches, _EpochSampler(self, len(self._batches), endless=True),
+                                   workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                                    persistent_workers=persistent_workers)
+        # One DataLoader iterator runs on across epochs (like the reference's infinite loader): no
+        # drained prefetch queue at each epoch end. (_it_epoch, _pos) say where it stands.
+        self._it: Iterator | None = None
+        self._it_epoch, self._pos = -1, 0
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration yield ``epoch`` (its permutation, its augmentations)."""
@@ -268,9 +279,17 @@ class TrainLoader:
         return len(self._batches)
 
     def __iter__(self) -> Iterator[Batch]:
-        for batch, new in self._loader:
+        n = len(self)
+        if self._it is None or self._it_epoch != self.epoch or self._pos != 0:
+            # first use, set_epoch() to another epoch, or an epoch left half-way: restart there
+            self._it, self._it_epoch, self._pos = iter(self._loader), self.epoch, 0
+        while self._pos < n:
+            batch, new = next(self._it)
+            self._pos += 1
             _report(self.skipped, new)
             yield batch
+        self._pos = 0
+        self._it_epoch += 1
         self.epoch += 1
 
 
