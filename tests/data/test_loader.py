@@ -188,3 +188,23 @@ def test_an_epoch_left_half_way_restarts_and_workers_run_across_epochs():
     assert_trees_all_equal(first, e0[0])
     assert_trees_all_equal(_epoch(loader), e0)  # restarted from its first batch
     assert_trees_all_equal(_epoch(loader), e1)
+    loader.close()  # workers stopped; the next iteration starts new ones at epoch 2
+    loader.set_epoch(1)
+    assert_trees_all_equal(_epoch(loader), e1)
+
+
+def test_deleting_a_loader_stops_its_workers_promptly():
+    import gc
+    import multiprocessing as mp
+    import time
+
+    before = set(mp.active_children())
+    loader = TrainLoader(ellipse_dataset(10, "detect"), batch_size=3, image_size=64, workers=2, seed=0)
+    _epoch(loader)  # the workers are now prefetching epoch 1
+    procs = set(mp.active_children()) - before
+    assert len(procs) == 2
+    t = time.perf_counter()
+    del loader
+    gc.collect()
+    assert time.perf_counter() - t < 4.0, "worker shutdown fell back to the 5-s join timeouts (a reference cycle?)"
+    assert not any(p.is_alive() for p in procs)

@@ -163,15 +163,23 @@ class _TrainBatches:
         return len(self.source.dataset) // self.batch_size
 
 
+class _Epoch:
+    """The epoch counter shared by a loader and its sampler (the sampler must not hold the loader:
+    a reference cycle would leave the workers' shutdown to the garbage collector, in any order)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 class _EpochSampler(Sampler):
     """Yields ``(epoch, b)`` from the loader's current epoch (read in the main process); with
     ``endless`` it goes on into the following epochs, so the workers prefetch across epoch ends."""
 
-    def __init__(self, loader: TrainLoader | ValLoader, n_batches: int, endless: bool = False):
-        self.loader, self.n_batches, self.endless = loader, n_batches, endless
+    def __init__(self, epoch: _Epoch, n_batches: int, endless: bool = False):
+        self.epoch, self.n_batches, self.endless = epoch, n_batches, endless
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        e = self.loader.epoch
+        e = self.epoch.value
         while True:
             for b in range(self.n_batches):
                 yield e, b
@@ -254,7 +262,7 @@ class TrainLoader:
             cfg = AugmentConfig(**{**cfg.__dict__, "flip_index": tuple(flip) if flip is not None else None})
         self.config = cfg
         self.dataset, self.batch_size, self.image_size, self.seed = dataset, batch_size, image_size, seed
-        self.epoch = 0
+        self._epoch = _Epoch()
         self.skipped: dict[int, str] = {}
         self._source = _Source(dataset, self.task, image_size)
         if _cache_on(cache):
@@ -263,17 +271,29 @@ class TrainLoader:
         self._batches = _TrainBatches(self._source, batch_size=batch_size, image_size=image_size, seed=seed,
                                       epochs=epochs, cfg=cfg, shuffle=shuffle, max_boxes=max_boxes,
                                       mask_ratio=mask_ratio)
-        self._loader = _dataloader(self._batches, _EpochSampler(self, len(self._batches), endless=True),
-                                   workers=workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                                   persistent_workers=persistent_workers)
+        batches, sampler = self._batches, _EpochSampler(self._epoch, len(self._batches), endless=True)
+        # (no reference to self in here: a cycle would leave the workers' shutdown to the collector)
+        self._new_loader = lambda: _dataloader(batches, sampler, workers=workers, pin_memory=pin_memory,
+                                               prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
+        self._loader = self._new_loader()
         # One DataLoader iterator runs on across epochs (like the reference's infinite loader): no
         # drained prefetch queue at each epoch end. (_it_epoch, _pos) say where it stands.
         self._it: Iterator | None = None
         self._it_epoch, self._pos = -1, 0
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration yields."""
+        return self._epoch.value
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration yield ``epoch`` (its permutation, its augmentations)."""
-        self.epoch = int(epoch)
+        self._epoch.value = int(epoch)
+
+    def close(self) -> None:
+        """Stop the worker processes now (they also stop when the loader is deleted)."""
+        self._it = None
+        self._loader = self._new_loader()  # the old DataLoader (and its persistent workers) goes away
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -290,7 +310,7 @@ class TrainLoader:
             yield batch
         self._pos = 0
         self._it_epoch += 1
-        self.epoch += 1
+        self._epoch.value += 1
 
 
 def _cache_on(cache: bool | str | None) -> bool:
@@ -471,11 +491,10 @@ class ValLoader:
         if len(shapes) != len(dataset):
             raise ValueError(f"[yolo_func] shapes: expected {len(dataset)} (h, w) rows, got {len(shapes)}")
         self.order, self.batch_shapes = val_batch_shapes(shapes, batch_size, image_size, stride=stride, pad=pad)
-        self.epoch = 0
         self.skipped: dict[int, str] = {}
         self._source = _Source(dataset, self.task, image_size)
         self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size)
-        self._loader = _dataloader(self._batches, _EpochSampler(self, len(self._batches)), workers=workers,
+        self._loader = _dataloader(self._batches, _EpochSampler(_Epoch(), len(self._batches)), workers=workers,
                                    pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
 
     def __len__(self) -> int:
