@@ -557,43 +557,50 @@ class AffineTransform(NamedTuple):
 
 
 def _warp_masks(masks: RoiMasks, M: np.ndarray, out_shape: tuple[int, int]) -> RoiMasks:
-    """Warp each crop with M on its own region of interest of the output, then re-tighten it."""
+    """Warp each crop with M on its own region of interest of the output, then re-tighten it.
+
+    The regions are computed for all instances at once; each crop covers pixel centres
+    ``x0 .. x0 + w - 1``, so its image lies inside its transformed rectangle widened by one pixel.
+    """
     H, W = out_shape
-    affine = bool(np.all(M[2] == (0.0, 0.0, 1.0)))
-    offs = np.zeros((len(masks.crops), 2), np.int64)
-    crops = []
+    n = len(masks.crops)
+    offs = np.zeros((n, 2), np.int64)
     empty = np.zeros((0, 0), np.uint8)
-    for i, (c, (x0, y0)) in enumerate(zip(masks.crops, masks.offsets)):
-        if c.size == 0:
-            crops.append(empty)
-            continue
-        h, w = c.shape
-        # The crop covers pixel centres x0..x0+w-1; its image lies inside the transformed rectangle
-        # one pixel wider on every side.
-        rect = np.array([[x0 - 1, y0 - 1], [x0 + w, y0 - 1], [x0 + w, y0 + h], [x0 - 1, y0 + h]], np.float64)
-        pts = rect @ M[:2, :2].T + M[:2, 2]
-        den = rect @ M[2, :2] + M[2, 2] if not affine else np.ones(4)
-        if np.all(den > 0):
-            pts = pts / den[:, None]
-            u0, v0 = max(int(math.floor(pts[:, 0].min())), 0), max(int(math.floor(pts[:, 1].min())), 0)
-            u1, v1 = min(int(math.ceil(pts[:, 0].max())) + 1, W), min(int(math.ceil(pts[:, 1].max())) + 1, H)
-        else:  # the crop straddles the perspective horizon: warp onto the whole output
-            u0, v0, u1, v1 = 0, 0, W, H
-        if u1 <= u0 or v1 <= v0:
-            crops.append(empty)
-            continue
-        Mr = np.array([[1, 0, -u0], [0, 1, -v0], [0, 0, 1]], np.float64) @ M @ np.array(
-            [[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64)
+    crops = [empty] * n
+    if n == 0:
+        return RoiMasks(offs, ())
+    affine = bool(np.all(M[2] == (0.0, 0.0, 1.0)))
+    hw = np.array([c.shape for c in masks.crops], np.int64).reshape(n, 2)
+    x0, y0 = masks.offsets[:, 0].astype(np.float64), masks.offsets[:, 1].astype(np.float64)
+    xa, ya, xb, yb = x0 - 1, y0 - 1, x0 + hw[:, 1], y0 + hw[:, 0]
+    rect = np.stack([np.stack([xa, ya], 1), np.stack([xb, ya], 1), np.stack([xb, yb], 1), np.stack([xa, yb], 1)], 1)
+    pts = rect @ M[:2, :2].T + M[:2, 2]  # [n, 4, 2]
+    whole = np.zeros(n, bool)
+    if not affine:
+        den = rect @ M[2, :2] + M[2, 2]
+        whole = ~(den > 0).all(1)  # straddles the perspective horizon: warp onto the whole output
+        pts = pts / np.where(den > 0, den, 1.0)[..., None]
+    u0 = np.where(whole, 0, np.maximum(np.floor(pts[..., 0].min(1)), 0)).astype(np.int64)
+    v0 = np.where(whole, 0, np.maximum(np.floor(pts[..., 1].min(1)), 0)).astype(np.int64)
+    u1 = np.where(whole, W, np.minimum(np.ceil(pts[..., 0].max(1)) + 1, W)).astype(np.int64)
+    v1 = np.where(whole, H, np.minimum(np.ceil(pts[..., 1].max(1)) + 1, H)).astype(np.int64)
+    todo = np.flatnonzero((hw.min(1) > 0) & (u1 > u0) & (v1 > v0))
+    if affine:  # M_roi = T(-u0, -v0) · M · T(x0, y0), row by row
+        tx = M[0, 0] * x0 + M[0, 1] * y0 + M[0, 2] - u0
+        ty = M[1, 0] * x0 + M[1, 1] * y0 + M[1, 2] - v0
+    for i in todo:
+        c, size = masks.crops[i], (int(u1[i] - u0[i]), int(v1[i] - v0[i]))
         if affine:
-            roi = cv2.warpAffine(c, Mr[:2], (u1 - u0, v1 - v0), flags=cv2.INTER_LINEAR, borderValue=0)
+            Mr = np.array([[M[0, 0], M[0, 1], tx[i]], [M[1, 0], M[1, 1], ty[i]]])
+            roi = cv2.warpAffine(c, Mr, size, flags=cv2.INTER_LINEAR, borderValue=0)
         else:
-            roi = cv2.warpPerspective(c, Mr, (u1 - u0, v1 - v0), flags=cv2.INTER_LINEAR, borderValue=0)
+            Mr = np.array([[1, 0, -u0[i]], [0, 1, -v0[i]], [0, 0, 1]], np.float64) @ M @ np.array(
+                [[1, 0, x0[i]], [0, 1, y0[i]], [0, 0, 1]], np.float64)
+            roi = cv2.warpPerspective(c, Mr, size, flags=cv2.INTER_LINEAR, borderValue=0)
         x, y, bw, bh = cv2.boundingRect(roi)
-        if bw == 0:
-            crops.append(empty)
-            continue
-        offs[i] = (u0 + x, v0 + y)
-        crops.append(roi[y:y + bh, x:x + bw])
+        if bw:
+            offs[i] = (u0[i] + x, v0[i] + y)
+            crops[i] = roi[y:y + bh, x:x + bw]
     return RoiMasks(offs, tuple(crops))
 
 
