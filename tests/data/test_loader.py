@@ -208,3 +208,14 @@ def test_deleting_a_loader_stops_its_workers_promptly():
     gc.collect()
     assert time.perf_counter() - t < 4.0, "worker shutdown fell back to the 5-s join timeouts (a reference cycle?)"
     assert not any(p.is_alive() for p in procs)
+
+
+def test_val_loader_leaves_bad_images_out():
+    ds = ellipse_dataset(6, "detect", bad=(1, 4))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        loader = ValLoader(ds, batch_size=2, image_size=64, workers=0)
+        ids = [int(i) for vb in loader for i in vb.image_ids]
+    assert sorted(ids) == [0, 2, 3, 5]  # each good image once, no replacement
+    assert sorted(loader.skipped) == [1, 4]
+    assert sum("synthetic_0001.png" in str(x.message) for x in w) == 1

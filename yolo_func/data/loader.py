@@ -15,6 +15,7 @@ size and the replacement is deterministic. Each skipped index is counted in ``lo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from yolo_func.data.augment import (
 )
 from yolo_func.data.collate import collate, format_record
 from yolo_func.structures.records import Batch, Targets
+from yolo_func.structures.targets import targets_from_lists
 
 __all__ = ["TrainLoader", "ValLoader", "ValBatch", "val_batch_shapes", "val_boxes_to_original"]
 
@@ -259,7 +261,7 @@ class TrainLoader:
             flip = getattr(dataset, "flip_index", None)
             if flip is None:
                 flip = _default_flip_index(dataset)
-            cfg = AugmentConfig(**{**cfg.__dict__, "flip_index": tuple(flip) if flip is not None else None})
+            cfg = dataclasses.replace(cfg, flip_index=tuple(flip) if flip is not None else None)
         self.config = cfg
         self.dataset, self.batch_size, self.image_size, self.seed = dataset, batch_size, image_size, seed
         self._epoch = _Epoch()
@@ -414,7 +416,10 @@ class _ValBatches:
         H, W = (int(v) for v in self.shapes[b])
         images, boxes, classes, kpts, ids, names, orig, gains, pads = [], [], [], [], [], [], [], [], []
         for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]:
-            j, rec, s = self._read(int(i))
+            got = self._read(int(i))
+            if got is None:  # skipped (counted); not replaced: a copy would be evaluated twice
+                continue
+            rec, s = got
             h0, w0 = s.image.shape[:2]
             img, p = letterbox(rec.image, (H, W), scaleup=False, center=True, pad_value=PAD_VALUE)
             images.append(img.transpose(2, 0, 1))
@@ -431,8 +436,10 @@ class _ValBatches:
             orig.append((h0, w0))
             gains.append((gx, gy))
             pads.append(p.pad)
-        from yolo_func.structures.targets import targets_from_lists
-
+        if not images:
+            bad = [self.source.errors.get(int(i), "?") for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]]
+            raise ValueError(f"[yolo_func] ValLoader: no image of validation batch {b} could be read: {bad[:3]}; "
+                             "fix or remove these files")
         t = targets_from_lists([torch.from_numpy(x) for x in boxes], [torch.from_numpy(c) for c in classes],
                                image_size=(H, W),
                                keypoints_list=[torch.from_numpy(k) for k in kpts] if kpts else None)
@@ -441,19 +448,16 @@ class _ValBatches:
                         torch.tensor(orig, dtype=torch.int64), torch.tensor(gains, dtype=torch.float32),
                         torch.tensor(pads, dtype=torch.float32)), new
 
-    def _read(self, index: int):
-        n = len(self.source.dataset)
-        for k in range(min(n, _MAX_REPLACEMENTS)):
-            j = (index + k) % n
-            if j in self.source.errors:
-                continue
-            try:
-                s = self.source.dataset[j]
-                rec = annotated_from_sample(s._replace(masks=None, keypoints=s.keypoints if self.source.task == "pose" else None))
-                return j, load_resized(rec, self.source.image_size), s
-            except Exception as e:  # noqa: BLE001 -- bad sample policy (module docstring)
-                self.source.errors[j] = f"{type(e).__name__}: {e}"
-        raise ValueError(f"[yolo_func] dataset: no readable sample near index {index}; check the image files")
+    def _read(self, index: int) -> tuple[Annotated, Any] | None:
+        if index in self.source.errors:
+            return None
+        try:
+            s = self.source.dataset[index]
+            rec = annotated_from_sample(s._replace(masks=None, keypoints=s.keypoints if self.source.task == "pose" else None))
+            return load_resized(rec, self.source.image_size), s
+        except Exception as e:  # noqa: BLE001 -- bad sample policy (ValLoader docstring)
+            self.source.errors[index] = f"{type(e).__name__}: {e}"
+            return None
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -477,6 +481,9 @@ class ValLoader:
         dataset has it, else every image is read once at construction to get its shape.
       stride, pad: rect batch rounding (32, 0.5).
       pin_memory: default True when CUDA is available.
+
+    Bad samples: an image whose reading raises is left out of its batch (not replaced: a copy would
+    be evaluated twice), counted in ``skipped`` and warned about once with the dataset's message.
     """
 
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 4,
@@ -485,17 +492,25 @@ class ValLoader:
         self.task = _resolve_task(dataset, task)
         if shapes is None:
             shapes = getattr(dataset, "image_shapes", None)
+        self._source = _Source(dataset, self.task, image_size)
         if shapes is None:
-            shapes = [dataset[i].image.shape[:2] for i in range(len(dataset))]
+            shapes = [self._shape(i, image_size) for i in range(len(dataset))]
         shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
         if len(shapes) != len(dataset):
             raise ValueError(f"[yolo_func] shapes: expected {len(dataset)} (h, w) rows, got {len(shapes)}")
         self.order, self.batch_shapes = val_batch_shapes(shapes, batch_size, image_size, stride=stride, pad=pad)
         self.skipped: dict[int, str] = {}
-        self._source = _Source(dataset, self.task, image_size)
+        _report(self.skipped, self._source.errors)
         self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size)
         self._loader = _dataloader(self._batches, _EpochSampler(_Epoch(), len(self._batches)), workers=workers,
                                    pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
+
+    def _shape(self, index: int, image_size: int) -> tuple[int, int]:
+        try:
+            return self._source.dataset[index].image.shape[:2]
+        except Exception as e:  # noqa: BLE001 -- bad sample policy (class docstring)
+            self._source.errors[index] = f"{type(e).__name__}: {e}"
+            return image_size, image_size
 
     def __len__(self) -> int:
         return len(self._batches)
