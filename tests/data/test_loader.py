@@ -219,3 +219,13 @@ def test_val_loader_leaves_bad_images_out():
     assert sorted(ids) == [0, 2, 3, 5]  # each good image once, no replacement
     assert sorted(loader.skipped) == [1, 4]
     assert sum("synthetic_0001.png" in str(x.message) for x in w) == 1
+
+
+def test_pose_flip_index_comes_from_the_dataset_or_coco():
+    from yolo_func.data.augment import COCO_FLIP_INDEX
+
+    ds = ellipse_dataset(4, "pose", keypoints=5)
+    assert TrainLoader(ds, batch_size=2, image_size=64, workers=0).config.flip_index == (0, 2, 1, 4, 3)
+    coco = ellipse_dataset(4, "pose", keypoints=17)
+    coco.flip_index = None
+    assert TrainLoader(coco, batch_size=2, image_size=64, workers=0).config.flip_index == COCO_FLIP_INDEX

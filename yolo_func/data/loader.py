@@ -228,8 +228,8 @@ class TrainLoader:
       seed: the run's seed.
       task: "detect" | "segment" | "pose"; default ``dataset.task``.
       augment: :class:`AugmentConfig` (defaults of REFERENCE.md §4.6); for pose the flip index
-        defaults to ``dataset.flip_index`` or :data:`~yolo_func.data.augment.COCO_FLIP_INDEX` for 17
-        keypoints.
+        defaults to ``dataset.flip_index`` (or ``dataset.flip_idx``), else
+        :data:`~yolo_func.data.augment.COCO_FLIP_INDEX` for 17 keypoints.
       epochs: the run length (for ``close_mosaic``); None keeps mosaic on.
       shuffle: a new permutation per epoch (True).
       max_boxes: fixed target slots M; default bucketed per batch.
@@ -259,6 +259,8 @@ class TrainLoader:
         cfg = augment or AugmentConfig()
         if self.task == "pose" and cfg.flip_index is None:
             flip = getattr(dataset, "flip_index", None)
+            if flip is None:
+                flip = getattr(dataset, "flip_idx", None)  # the Ultralytics data.yaml key
             if flip is None:
                 flip = _default_flip_index(dataset)
             cfg = dataclasses.replace(cfg, flip_index=tuple(flip) if flip is not None else None)
@@ -478,7 +480,7 @@ class ValLoader:
       workers: DataLoader workers.
       task: default ``dataset.task``.
       shapes: int[N, 2] (h, w) of every original image; default ``dataset.image_shapes`` when the
-        dataset has it, else every image is read once at construction to get its shape.
+        dataset has it, else every image is read once at construction (``workers`` threads).
       stride, pad: rect batch rounding (32, 0.5).
       pin_memory: default True when CUDA is available.
 
@@ -493,8 +495,9 @@ class ValLoader:
         if shapes is None:
             shapes = getattr(dataset, "image_shapes", None)
         self._source = _Source(dataset, self.task, image_size)
-        if shapes is None:
-            shapes = [self._shape(i, image_size) for i in range(len(dataset))]
+        if shapes is None:  # decode every image once (threads: OpenCV releases the GIL)
+            with ThreadPoolExecutor(max(workers, 1)) as ex:
+                shapes = list(ex.map(lambda i: self._shape(i, image_size), range(len(dataset))))
         shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
         if len(shapes) != len(dataset):
             raise ValueError(f"[yolo_func] shapes: expected {len(dataset)} (h, w) rows, got {len(shapes)}")
