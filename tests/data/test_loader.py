@@ -1,0 +1,231 @@
+"""TrainLoader / ValLoader: determinism across workers and the cache, epochs, bad samples, rect val."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from loader_fixtures import coco_tiny_samples, ellipse_dataset, ListDataset
+from yolo_func.data import TrainLoader, ValLoader
+from yolo_func.data.loader import val_batch_shapes, val_boxes_to_original
+from yolo_func.structures.targets import validate_targets
+from yolo_func.testing import assert_shape, assert_trees_all_equal
+
+
+def _epoch(loader):
+    return [b for b in loader]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["detect", "segment", "pose"])
+def test_same_seed_same_batches_for_any_workers_and_cache(task):
+    ds = ellipse_dataset(10, task, keypoints=5 if task == "pose" else 0)
+    ref = None
+    for workers, cache in [(0, False), (1, False), (2, False), (2, "ram"), (0, True)]:
+        loader = TrainLoader(ds, batch_size=3, image_size=64, workers=workers, cache=cache, seed=7)
+        got = _epoch(loader) + _epoch(loader)  # two epochs: the second must use epoch 1
+        assert len(got) == 2 * (10 // 3)
+        if ref is None:
+            ref = got
+        else:
+            assert_trees_all_equal(got, ref, strict=True)
+
+
+def test_epochs_and_seeds_differ_and_set_epoch_replays():
+    ds = ellipse_dataset(8, "detect")
+    loader = TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=1)
+    e0, e1 = _epoch(loader), _epoch(loader)
+    assert loader.epoch == 2
+    assert not torch.equal(e0[0].images, e1[0].images)
+    loader.set_epoch(0)
+    assert_trees_all_equal(_epoch(loader), e0)
+    other = TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=2)
+    assert not torch.equal(_epoch(other)[0].images, e0[0].images)
+
+
+def test_batches_are_static_valid_and_drop_last():
+    ds = ellipse_dataset(11, "segment")
+    loader = TrainLoader(ds, batch_size=4, image_size=96, workers=0, seed=0)
+    batches = _epoch(loader)
+    assert len(loader) == len(batches) == 2  # 11 // 4: the tail of 3 is dropped
+    for b in batches:
+        assert_shape(b.images, (4, 3, 96, 96))
+        assert b.images.dtype == torch.uint8
+        assert_shape(b.targets.masks, (4, 24, 24))
+        M = b.targets.boxes.shape[1]
+        assert M >= 8 and M & (M - 1) == 0
+        validate_targets(b.targets, (96, 96))
+        # every mask value points at a valid slot
+        for i in range(4):
+            vals = torch.unique(b.targets.masks[i])
+            vals = vals[vals > 0] - 1
+            assert b.targets.valid[i, vals].all()
+
+
+def test_close_mosaic_turns_mosaic_off_for_the_last_epochs():
+    from yolo_func.data.augment import AugmentConfig
+
+    ds = ellipse_dataset(4, "detect", size=(48, 160))  # wide images: loaded height <= 38 of 64
+    cfg = AugmentConfig(close_mosaic=1, translate=0.0, scale=0.0, hsv_h=0, hsv_s=0, hsv_v=0, fliplr=0.0)
+    loader = TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=0, augment=cfg, epochs=2, shuffle=False)
+    on, off = _epoch(loader)[0], _epoch(loader)[0]
+    # Mosaic off, s = 1, no translation: each image sits centred on 114 padding (top rows all 114)
+    # and holds only its own instances; with mosaic the partners fill the frame.
+    assert (off.images[:, :, :8] == 114).all()
+    assert not (on.images[:, :, :8] == 114).all()
+    own = torch.tensor([len(ds.samples[i].boxes) for i in range(4)])
+    assert (off.targets.valid.sum(1) <= own).all()
+
+
+@pytest.mark.parametrize("workers,cache", [(0, False), (2, False), (0, "ram")])
+def test_bad_samples_are_skipped_counted_and_named_once(workers, cache):
+    ds = ellipse_dataset(8, "detect", bad=(2, 5))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        loader = TrainLoader(ds, batch_size=4, image_size=64, workers=workers, cache=cache, seed=0)
+        batches = _epoch(loader) + _epoch(loader)
+    assert len(batches) == 4 and all(b.images.shape[0] == 4 for b in batches)
+    assert sorted(loader.skipped) == [2, 5]
+    assert "synthetic_0002.png" in loader.skipped[2] and "synthetic_0005.png" in loader.skipped[5]
+    msgs = [str(x.message) for x in w if "skipped" in str(x.message)]
+    assert sum("synthetic_0002.png" in m for m in msgs) == 1 and sum("synthetic_0005.png" in m for m in msgs) == 1
+    # deterministic replacement: the same as a dataset where 2 and 5 are copies of 3 and 6
+    good = ListDataset([ds.samples[{2: 3, 5: 6}.get(i, i)] for i in range(8)], "detect")
+    same = _epoch(TrainLoader(good, batch_size=4, image_size=64, workers=0, seed=0))
+    assert_trees_all_equal(batches[:2], same)
+
+
+def test_argument_errors():
+    ds = ellipse_dataset(4, "detect")
+    with pytest.raises(ValueError, match=r"\[yolo_func\] image_size"):
+        TrainLoader(ds, batch_size=2, image_size=100, workers=0)
+    with pytest.raises(ValueError, match=r"\[yolo_func\] batch_size"):
+        TrainLoader(ds, batch_size=5, image_size=64, workers=0)
+    with pytest.raises(ValueError, match=r"\[yolo_func\] task"):
+        TrainLoader(ListDataset(ds.samples, None), batch_size=2, image_size=64, workers=0)
+    with pytest.raises(ValueError, match=r"\[yolo_func\] cache"):
+        TrainLoader(ds, batch_size=2, image_size=64, workers=0, cache="disk")
+
+
+# -------------------------------------------------------------------------------------- validation
+def test_val_batch_shapes_hand_computed():
+    shapes = np.array([[480, 640], [640, 480], [300, 600], [500, 500], [200, 800]])
+    order, bs = val_batch_shapes(shapes, 2, 640)
+    # ratios h/w: 0.75, 1.333, 0.5, 1.0, 0.25 -> sorted 0.25 (4), 0.5 (2), 0.75 (0), 1.0 (3), 1.333 (1)
+    assert order.tolist() == [4, 2, 0, 3, 1]
+    # batch 0: all < 1, max 0.5 -> (0.5, 1): ceil(0.5*20 + 0.5)*32 = 11*32, ceil(20.5)*32 = 21*32
+    # batch 1: 0.75, 1.0 (mixed) -> (1, 1) -> 672 x 672; batch 2: 1.333 > 1 -> (1, 0.75) -> 672, 512
+    assert bs.tolist() == [[352, 672], [672, 672], [672, 512]]
+
+
+def test_val_loader_maps_boxes_back_to_original_pixels():
+    ds = ellipse_dataset(7, "detect", size=(150, 90))
+    loader = ValLoader(ds, batch_size=3, image_size=64, workers=0)
+    seen = []
+    for vb in loader:
+        H, W = vb.images.shape[-2:]
+        assert H % 32 == 0 and W % 32 == 0 and vb.images.dtype == torch.uint8
+        for i in range(vb.images.shape[0]):
+            s = ds.samples[int(vb.image_ids[i])]
+            assert vb.file_names[i] == s.file_name and tuple(vb.orig_shapes[i].tolist()) == s.image.shape[:2]
+            n = len(s.boxes)
+            back = val_boxes_to_original(vb.targets.boxes[i, :n], vb.gains[i], vb.pads[i], vb.orig_shapes[i])
+            np.testing.assert_allclose(back.numpy(), s.boxes, atol=1.0)
+            # padding is 114 outside the letterboxed image
+            left, top = (int(v) for v in vb.pads[i])
+            img = vb.images[i]
+            assert (img[:, :, :left] == 114).all() and (img[:, :top, :] == 114).all()
+            seen.append(int(vb.image_ids[i]))
+    assert sorted(seen) == list(range(7))
+
+
+@pytest.mark.slow
+def test_coco_tiny_through_the_loader(shared_data):
+    samples = coco_tiny_samples(shared_data / "coco-tiny", limit=8)
+    ds = ListDataset(samples, "segment")
+    a = _epoch(TrainLoader(ds, batch_size=4, image_size=256, workers=0, seed=3))
+    b = _epoch(TrainLoader(ds, batch_size=4, image_size=256, workers=2, cache="ram", seed=3))
+    assert_trees_all_equal(a, b, strict=True)
+    for batch in a:
+        validate_targets(batch.targets, (256, 256))
+        assert batch.targets.valid.any()
+        # each valid slot with mask pixels has its box around them (mask at H/4: 4-px cells)
+        for i in range(4):
+            for j in torch.nonzero(batch.targets.valid[i]).flatten().tolist():
+                ys, xs = torch.nonzero(batch.targets.masks[i] == j + 1, as_tuple=True)
+                if len(xs):
+                    x1, y1, x2, y2 = batch.targets.boxes[i, j].tolist()
+                    assert xs.min() * 4 >= math.floor(x1) - 4 and (xs.max() + 1) * 4 <= math.ceil(x2) + 4
+                    assert ys.min() * 4 >= math.floor(y1) - 4 and (ys.max() + 1) * 4 <= math.ceil(y2) + 4
+
+
+@pytest.mark.cuda
+def test_pinned_batches_reach_the_device_unchanged():
+    ds = ellipse_dataset(8, "segment")
+    pinned = _epoch(TrainLoader(ds, batch_size=4, image_size=64, workers=2, seed=0, pin_memory=True))
+    plain = _epoch(TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=0, pin_memory=False))
+    for a, b in zip(pinned, plain):
+        assert a.images.is_pinned() and a.targets.boxes.is_pinned() and a.targets.masks.is_pinned()
+        dev = a.images.to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+        assert torch.equal(dev.cpu(), b.images)
+    assert_trees_all_equal(pinned, plain)
+
+
+def test_an_epoch_left_half_way_restarts_and_workers_run_across_epochs():
+    ds = ellipse_dataset(12, "detect")
+    full = TrainLoader(ds, batch_size=3, image_size=64, workers=2, seed=5)
+    e0, e1 = _epoch(full), _epoch(full)
+    loader = TrainLoader(ds, batch_size=3, image_size=64, workers=2, seed=5)
+    it = iter(loader)
+    first = next(it)
+    it.close()  # leave epoch 0 after one batch
+    assert loader.epoch == 0
+    assert_trees_all_equal(first, e0[0])
+    assert_trees_all_equal(_epoch(loader), e0)  # restarted from its first batch
+    assert_trees_all_equal(_epoch(loader), e1)
+    loader.close()  # workers stopped; the next iteration starts new ones at epoch 2
+    loader.set_epoch(1)
+    assert_trees_all_equal(_epoch(loader), e1)
+
+
+def test_deleting_a_loader_stops_its_workers_promptly():
+    import gc
+    import multiprocessing as mp
+    import time
+
+    before = set(mp.active_children())
+    loader = TrainLoader(ellipse_dataset(10, "detect"), batch_size=3, image_size=64, workers=2, seed=0)
+    _epoch(loader)  # the workers are now prefetching epoch 1
+    procs = set(mp.active_children()) - before
+    assert len(procs) == 2
+    t = time.perf_counter()
+    del loader
+    gc.collect()
+    assert time.perf_counter() - t < 4.0, "worker shutdown fell back to the 5-s join timeouts (a reference cycle?)"
+    assert not any(p.is_alive() for p in procs)
+
+
+def test_val_loader_leaves_bad_images_out():
+    ds = ellipse_dataset(6, "detect", bad=(1, 4))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        loader = ValLoader(ds, batch_size=2, image_size=64, workers=0)
+        ids = [int(i) for vb in loader for i in vb.image_ids]
+    assert sorted(ids) == [0, 2, 3, 5]  # each good image once, no replacement
+    assert sorted(loader.skipped) == [1, 4]
+    assert sum("synthetic_0001.png" in str(x.message) for x in w) == 1
+
+
+def test_pose_flip_index_comes_from_the_dataset_or_coco():
+    from yolo_func.data.augment import COCO_FLIP_INDEX
+
+    ds = ellipse_dataset(4, "pose", keypoints=5)
+    assert TrainLoader(ds, batch_size=2, image_size=64, workers=0).config.flip_index == (0, 2, 1, 4, 3)
+    coco = ellipse_dataset(4, "pose", keypoints=17)
+    coco.flip_index = None
+    assert TrainLoader(coco, batch_size=2, image_size=64, workers=0).config.flip_index == COCO_FLIP_INDEX

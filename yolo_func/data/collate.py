@@ -1,0 +1,122 @@
+"""Collation: augmented records in, the static-shape :class:`yolo_func.structures.Batch` out.
+
+Images stay uint8 until the device (the step divides by 255). Targets are padded to a bucketed
+``M`` (:func:`yolo_func.structures.targets.bucket_size`) so shapes repeat across steps; segment
+masks become the overlap map at ``H/4`` (REFERENCE.md §2.6: each image's instances reordered by
+descending mask area, ``j + 1`` = slot ``j``); pose keypoints stay in pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import cv2
+import numpy as np
+import torch
+
+from yolo_func.data.augment import Annotated, overlap_map
+from yolo_func.structures.records import Batch, Targets
+from yolo_func.structures.targets import bucket_size
+
+__all__ = ["Formatted", "format_record", "collate"]
+
+
+class Formatted(NamedTuple):
+    """One image ready for collation.
+
+    Attributes:
+      image: uint8[H, W, 3] RGB.
+      boxes: float32[n, 4] xyxy pixels (slot order).
+      classes: int64[n].
+      masks: overlap map uint8|uint16[H/r, W/r] (value k + 1 = slot k), or None.
+      keypoints: float32[n, P, 3] pixels, or None.
+    """
+
+    image: np.ndarray
+    boxes: np.ndarray
+    classes: np.ndarray
+    masks: np.ndarray | None
+    keypoints: np.ndarray | None
+
+
+def format_record(rec: Annotated, *, mask_ratio: int = 4) -> Formatted:
+    """Rasterise masks into the overlap map and put the labels in slot order.
+
+    Without masks the slot order is the record's order; with masks it is the descending-area order
+    of :func:`yolo_func.data.augment.overlap_map` (boxes, classes and keypoints reordered alike).
+
+    Args:
+      rec: an augmented :class:`Annotated` record (image uint8[H, W, 3]).
+      mask_ratio: mask downsampling (4).
+
+    Returns:
+      :class:`Formatted`.
+    """
+    boxes, classes, kpts, masks = rec.boxes, rec.classes, rec.keypoints, None
+    if rec.masks is not None:
+        masks, order = overlap_map(rec.masks, rec.image.shape[:2], mask_ratio)
+        boxes, classes = boxes[order], classes[order]
+        kpts = kpts[order] if kpts is not None else None
+    return Formatted(rec.image, boxes.astype(np.float32, copy=False), classes.astype(np.int64, copy=False), masks, kpts)
+
+
+def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batch:
+    """Stack formatted records into a :class:`Batch` with static shapes.
+
+    Boxes are clipped to the image; a box with zero clipped area keeps its slot but is
+    ``valid=False`` (the rule of :mod:`yolo_func.structures.targets`).
+
+    Args:
+      items: B :class:`Formatted` of one image size (H, W); all with masks or none, all with
+        keypoints (of one P) or none.
+      max_boxes: fixed M; default ``bucket_size`` of the largest count.
+
+    Returns:
+      ``Batch(images uint8[B, 3, H, W], Targets(boxes float32[B, M, 4], classes int64[B, M],
+      valid bool[B, M], masks int64[B, H/r, W/r] | None, keypoints float32[B, M, P, 3] | None))``.
+
+    Raises:
+      ValueError: mixed image sizes, or more instances in an image than ``max_boxes``.
+    """
+    B = len(items)
+    if B == 0:
+        raise ValueError("[yolo_func] collate: items is empty; expected at least one record")
+    H, W = items[0].image.shape[:2]
+    images = np.empty((B, 3, H, W), np.uint8)
+    counts = [len(it.boxes) for it in items]
+    if max_boxes is None:
+        M = bucket_size(max(counts))
+    elif max(counts) > max_boxes:
+        raise ValueError(f"[yolo_func] max_boxes: an image has {max(counts)} targets but max_boxes={max_boxes}; "
+                         "raise max_boxes")
+    else:
+        M = int(max_boxes)
+    boxes = np.zeros((B, M, 4), np.float32)
+    classes = np.zeros((B, M), np.int64)
+    has_masks = items[0].masks is not None
+    has_kpts = items[0].keypoints is not None
+    masks = np.zeros((B, *items[0].masks.shape), np.int64) if has_masks else None
+    kpts = np.zeros((B, M, *items[0].keypoints.shape[1:]), np.float32) if has_kpts else None
+    for i, it in enumerate(items):
+        if it.image.shape[:2] != (H, W):
+            raise ValueError(f"[yolo_func] collate: items[{i}].image is {it.image.shape[:2]}, expected {(H, W)}; "
+                             "every image of a batch must have the same size")
+        cv2.split(it.image, [images[i, 0], images[i, 1], images[i, 2]])  # HWC -> CHW into place, no temporaries
+        n = counts[i]
+        boxes[i, :n] = it.boxes
+        classes[i, :n] = it.classes
+        if has_masks:
+            masks[i] = it.masks
+        if has_kpts and n:
+            kpts[i, :n] = it.keypoints
+    boxes = np.clip(boxes, 0, np.array([W, H, W, H], np.float32))
+    valid = (boxes[..., 2] > boxes[..., 0]) & (boxes[..., 3] > boxes[..., 1])
+    boxes = np.where(valid[..., None], boxes, 0).astype(np.float32)
+    classes = np.where(valid, classes, 0)
+    if has_kpts:
+        kpts = np.where(valid[..., None, None], kpts, 0).astype(np.float32)
+    targets = Targets(torch.from_numpy(boxes), torch.from_numpy(classes), torch.from_numpy(valid),
+                      torch.from_numpy(masks) if has_masks else None,
+                      torch.from_numpy(kpts) if has_kpts else None)
+    return Batch(torch.from_numpy(images), targets)

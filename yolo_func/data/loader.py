@@ -1,0 +1,524 @@
+"""Training and validation loaders over any random-access dataset of :class:`yolo_func.data.Sample`.
+
+Both wrap a torch ``DataLoader`` whose items are whole batches: the main process hands a worker
+``(epoch, batch number)``; the worker derives the epoch's permutation from ``(seed, epoch)``,
+loads the batch's images (each decoded once), augments every record with the generator of
+``(seed, epoch, dataset index)`` (:func:`yolo_func.data.augment.record_rng`) and collates.
+Nothing depends on which worker runs a batch, so the batches are bitwise the same for any number
+of workers, and with or without the RAM cache (the cache holds exactly what loading produces).
+
+Bad samples (policy): a sample whose reading raises (the datasets raise ``ValueError`` naming the
+file) is skipped and replaced by the next dataset index (wrapping around), so a batch keeps its
+size and the replacement is deterministic. Each skipped index is counted in ``loader.skipped``
+(index -> message) and warned about once, in the main process, with the dataset's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from yolo_func.data.augment import (
+    PAD_VALUE,
+    Annotated,
+    AugmentConfig,
+    annotated_from_sample,
+    augment,
+    letterbox,
+    letterbox_boxes,
+    load_resized,
+    mosaic_enabled,
+    mosaic_partners,
+    record_rng,
+)
+from yolo_func.data.collate import collate, format_record
+from yolo_func.structures.records import Batch, Targets
+from yolo_func.structures.targets import targets_from_lists
+
+__all__ = ["TrainLoader", "ValLoader", "ValBatch", "val_batch_shapes", "val_boxes_to_original"]
+
+_TASKS = ("detect", "segment", "pose")
+#: How many following indices are tried before giving up on a run of unreadable samples.
+_MAX_REPLACEMENTS = 64
+
+
+def _resolve_task(dataset: Any, task: str | None) -> str:
+    task = task if task is not None else getattr(dataset, "task", None)
+    if task not in _TASKS:
+        raise ValueError(f"[yolo_func] task: expected one of {_TASKS} (or a dataset with a .task attribute), "
+                         f"got {task!r}; pass task='detect' | 'segment' | 'pose'")
+    return task
+
+
+def _worker_init(_: int) -> None:
+    cv2.setNumThreads(0)  # one thread per worker process: the workers are the parallelism
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class _Source:
+    """Loads records by dataset index (with the RAM cache and the bad-sample rule)."""
+
+    def __init__(self, dataset: Any, task: str, image_size: int):
+        self.dataset, self.task, self.image_size = dataset, task, image_size
+        self.cache: list[Annotated | None] | None = None
+        self.errors: dict[int, str] = {}
+
+    def read(self, index: int) -> Annotated:
+        """Decode and resize one record; raises what the dataset raises."""
+        s = self.dataset[index]
+        rec = annotated_from_sample(s._replace(masks=s.masks if self.task == "segment" else None,
+                                               keypoints=s.keypoints if self.task == "pose" else None))
+        if self.task == "segment" and rec.masks is None:
+            raise ValueError(f"[yolo_func] {s.file_name!r}: task 'segment' needs masks but the sample has none")
+        if self.task == "pose" and rec.keypoints is None:
+            raise ValueError(f"[yolo_func] {s.file_name!r}: task 'pose' needs keypoints but the sample has none")
+        return load_resized(rec, self.image_size)
+
+    def _try(self, index: int) -> Annotated | None:
+        if self.cache is not None:
+            return self.cache[index]
+        if index in self.errors:
+            return None
+        try:
+            return self.read(index)
+        except Exception as e:  # noqa: BLE001 -- any reading error is a bad sample (module docstring)
+            self.errors[index] = f"{type(e).__name__}: {e}"
+            return None
+
+    def load(self, index: int) -> tuple[int, Annotated]:
+        """The record of ``index`` or of the next readable index; returns (index used, record)."""
+        n = len(self.dataset)
+        for k in range(min(n, _MAX_REPLACEMENTS)):
+            j = (index + k) % n
+            rec = self._try(j)
+            if rec is not None:
+                return j, rec
+        raise ValueError(f"[yolo_func] dataset: {min(n, _MAX_REPLACEMENTS)} consecutive samples from index {index} "
+                         f"could not be read (first: {self.errors.get(index, '?')}); check the image files")
+
+    def fill_cache(self, threads: int) -> None:
+        """Read every record once (threads; OpenCV releases the GIL) and keep them in RAM."""
+        n = len(self.dataset)
+        with ThreadPoolExecutor(max(1, threads)) as ex:
+            recs = list(ex.map(self._try, range(n)))
+        self.cache = recs
+
+
+def _report(skipped: dict[int, str], new: dict[int, str]) -> None:
+    fresh = {i: m for i, m in new.items() if i not in skipped}
+    if fresh:
+        skipped.update(fresh)
+        shown = "; ".join(f"index {i}: {m}" for i, m in list(fresh.items())[:3])
+        more = f" (+{len(fresh) - 3} more)" if len(fresh) > 3 else ""
+        warnings.warn(f"[yolo_func] skipped {len(fresh)} unreadable sample(s), replaced by the next index: "
+                      f"{shown}{more}", RuntimeWarning, stacklevel=3)
+
+
+class _TrainBatches:
+    """Map-style source whose item ``(epoch, b)`` is the b-th batch of that epoch (runs in workers)."""
+
+    def __init__(self, source: _Source, *, batch_size: int, image_size: int, seed: int, epochs: int | None,
+                 cfg: AugmentConfig, shuffle: bool, max_boxes: int | None, mask_ratio: int):
+        self.source, self.batch_size, self.image_size, self.seed = source, batch_size, image_size, seed
+        self.epochs, self.cfg, self.shuffle, self.max_boxes, self.mask_ratio = epochs, cfg, shuffle, max_boxes, mask_ratio
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's order of dataset indices (int64[N])."""
+        if self._perm is None or self._perm[0] != epoch:
+            n = len(self.source.dataset)
+            perm = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+            self._perm = (epoch, perm)
+        return self._perm[1]
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[Batch, dict[int, str]]:
+        epoch, b = key
+        idxs = self.permutation(epoch)[b * self.batch_size:(b + 1) * self.batch_size]
+        before = dict(self.source.errors)
+        loaded = {}
+        for i in idxs:
+            loaded.setdefault(int(i), self.source.load(int(i))[1])
+        use_mosaic = mosaic_enabled(epoch, self.epochs, self.cfg)
+        items = []
+        for pos, i in enumerate(idxs):
+            rng = record_rng(self.seed, epoch, int(i))
+            partners = mosaic_partners(rng, pos, idxs)
+            recs = [loaded[int(i)]] + [loaded[j] for j in partners]
+            items.append(format_record(augment(rng, recs, self.image_size, self.cfg, use_mosaic=use_mosaic),
+                                       mask_ratio=self.mask_ratio))
+        new = {i: m for i, m in self.source.errors.items() if i not in before}
+        return collate(items, max_boxes=self.max_boxes), new
+
+    def __len__(self) -> int:
+        return len(self.source.dataset) // self.batch_size
+
+
+class _Epoch:
+    """The epoch counter shared by a loader and its sampler (the sampler must not hold the loader:
+    a reference cycle would leave the workers' shutdown to the garbage collector, in any order)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+class _EpochSampler(Sampler):
+    """Yields ``(epoch, b)`` from the loader's current epoch (read in the main process); with
+    ``endless`` it goes on into the following epochs, so the workers prefetch across epoch ends."""
+
+    def __init__(self, epoch: _Epoch, n_batches: int, endless: bool = False):
+        self.epoch, self.n_batches, self.endless = epoch, n_batches, endless
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        e = self.epoch.value
+        while True:
+            for b in range(self.n_batches):
+                yield e, b
+            if not self.endless:
+                return
+            e += 1
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+
+def _dataloader(source: Any, sampler: Sampler, *, workers: int, pin_memory: bool | None, prefetch_factor: int,
+                persistent_workers: bool) -> DataLoader:
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    kw: dict[str, Any] = {}
+    if workers > 0:
+        kw = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, worker_init_fn=_worker_init)
+    return DataLoader(source, batch_size=None, sampler=sampler, num_workers=workers, collate_fn=_identity,
+                      pin_memory=pin, **kw)
+
+
+class TrainLoader:
+    """Augmented training batches: mosaic -> affine -> HSV -> flips -> static-shape :class:`Batch`.
+
+    ``for batch in loader`` yields one epoch: ``len(loader)`` batches (``drop_last``: the tail of
+    the permutation that does not fill a batch is left out), then advances ``loader.epoch``;
+    :meth:`set_epoch` sets it explicitly (e.g. when resuming). The workers run on into the next
+    epoch while the current one is consumed; an epoch left half-way is restarted from its start. The same seed gives the same batches,
+    bitwise, for any ``workers`` and with or without ``cache``.
+
+    Mosaic partners: the reference draws the three partners of a mosaic from a buffer of the images
+    its worker loaded recently (min(N, 8·batch, 1000)); here they are drawn by the record's
+    generator from the images of the same batch (module :mod:`yolo_func.data.augment`,
+    :func:`~yolo_func.data.augment.mosaic_partners`), which keeps every image decoded once per epoch
+    and the result independent of the workers.
+
+    Args:
+      dataset: random access (``len``, ``[i]``) source of :class:`yolo_func.data.Sample`.
+      batch_size: B.
+      image_size: square training size s (multiple of 32; 640).
+      workers: DataLoader worker processes (0: load in the main process).
+      cache: ``"ram"`` / True reads every image once at construction (resized uint8, threads) and
+        keeps it; False / None / "none" reads on demand.
+      seed: the run's seed.
+      task: "detect" | "segment" | "pose"; default ``dataset.task``.
+      augment: :class:`AugmentConfig` (defaults of REFERENCE.md §4.6); for pose the flip index
+        defaults to ``dataset.flip_index`` (or ``dataset.flip_idx``), else
+        :data:`~yolo_func.data.augment.COCO_FLIP_INDEX` for 17 keypoints.
+      epochs: the run length (for ``close_mosaic``); None keeps mosaic on.
+      shuffle: a new permutation per epoch (True).
+      max_boxes: fixed target slots M; default bucketed per batch.
+      mask_ratio: overlap-map downsampling (4).
+      pin_memory: default True when CUDA is available.
+      prefetch_factor: batches prefetched per worker (2).
+      persistent_workers: keep the workers between epochs (True).
+
+    Attributes:
+      epoch: the epoch the next iteration yields.
+      skipped: dict index -> message of every unreadable sample seen so far.
+    """
+
+    def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 8,
+                 cache: bool | str | None = False, seed: int = 0, task: str | None = None,
+                 augment: AugmentConfig | None = None, epochs: int | None = None, shuffle: bool = True,
+                 max_boxes: int | None = None, mask_ratio: int = 4, pin_memory: bool | None = None,
+                 prefetch_factor: int = 2, persistent_workers: bool = True):
+        if image_size % 32 or image_size <= 0:
+            raise ValueError(f"[yolo_func] image_size: expected a positive multiple of 32, got {image_size}")
+        if batch_size < 1 or len(dataset) < batch_size:
+            raise ValueError(f"[yolo_func] batch_size: expected 1 <= batch_size <= len(dataset)={len(dataset)} "
+                             f"(drop_last needs one full batch), got {batch_size}")
+        if workers < 0:
+            raise ValueError(f"[yolo_func] workers: expected >= 0, got {workers}")
+        self.task = _resolve_task(dataset, task)
+        cfg = augment or AugmentConfig()
+        if self.task == "pose" and cfg.flip_index is None:
+            flip = getattr(dataset, "flip_index", None)
+            if flip is None:
+                flip = getattr(dataset, "flip_idx", None)  # the Ultralytics data.yaml key
+            if flip is None:
+                flip = _default_flip_index(dataset)
+            cfg = dataclasses.replace(cfg, flip_index=tuple(flip) if flip is not None else None)
+        self.config = cfg
+        self.dataset, self.batch_size, self.image_size, self.seed = dataset, batch_size, image_size, seed
+        self._epoch = _Epoch()
+        self.skipped: dict[int, str] = {}
+        self._source = _Source(dataset, self.task, image_size)
+        if _cache_on(cache):
+            self._source.fill_cache(threads=max(workers, 1))
+            _report(self.skipped, self._source.errors)
+        self._batches = _TrainBatches(self._source, batch_size=batch_size, image_size=image_size, seed=seed,
+                                      epochs=epochs, cfg=cfg, shuffle=shuffle, max_boxes=max_boxes,
+                                      mask_ratio=mask_ratio)
+        batches, sampler = self._batches, _EpochSampler(self._epoch, len(self._batches), endless=True)
+        # (no reference to self in here: a cycle would leave the workers' shutdown to the collector)
+        self._new_loader = lambda: _dataloader(batches, sampler, workers=workers, pin_memory=pin_memory,
+                                               prefetch_factor=prefetch_factor, persistent_workers=persistent_workers)
+        self._loader = self._new_loader()
+        # One DataLoader iterator runs on across epochs (like the reference's infinite loader): no
+        # drained prefetch queue at each epoch end. (_it_epoch, _pos) say where it stands.
+        self._it: Iterator | None = None
+        self._it_epoch, self._pos = -1, 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration yields."""
+        return self._epoch.value
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration yield ``epoch`` (its permutation, its augmentations)."""
+        self._epoch.value = int(epoch)
+
+    def close(self) -> None:
+        """Stop the worker processes now (they also stop when the loader is deleted)."""
+        self._it = None
+        self._loader = self._new_loader()  # the old DataLoader (and its persistent workers) goes away
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __iter__(self) -> Iterator[Batch]:
+        n = len(self)
+        if self._it is None or self._it_epoch != self.epoch or self._pos != 0:
+            # first use, set_epoch() to another epoch, or an epoch left half-way: restart there
+            self._it, self._it_epoch, self._pos = iter(self._loader), self.epoch, 0
+        while self._pos < n:
+            batch, new = next(self._it)
+            self._pos += 1
+            _report(self.skipped, new)
+            yield batch
+        self._pos = 0
+        self._it_epoch += 1
+        self._epoch.value += 1
+
+
+def _cache_on(cache: bool | str | None) -> bool:
+    if cache in (True, "ram"):
+        return True
+    if cache in (False, None, "none", ""):
+        return False
+    raise ValueError(f"[yolo_func] cache: expected 'ram', True, False or None, got {cache!r}")
+
+
+def _default_flip_index(dataset: Any) -> tuple[int, ...] | None:
+    from yolo_func.data.augment import COCO_FLIP_INDEX
+
+    s = dataset[0]
+    if s.keypoints is not None and s.keypoints.shape[1] == len(COCO_FLIP_INDEX):
+        return COCO_FLIP_INDEX
+    return None
+
+
+# --------------------------------------------------------------------------------------- validation
+class ValBatch(NamedTuple):
+    """One rectangular validation batch and what maps predictions back to original pixels.
+
+    Attributes:
+      images: uint8[B, 3, H, W] (the batch's rect shape).
+      targets: :class:`Targets` in letterboxed pixels (boxes, classes, keypoints; no masks).
+      image_ids: int64[B].
+      file_names: B strings.
+      orig_shapes: int64[B, 2] original (h, w).
+      gains: float32[B, 2] (gx, gy): letterboxed = original * gain + pad.
+      pads: float32[B, 2] (left, top).
+    """
+
+    images: torch.Tensor
+    targets: Targets
+    image_ids: torch.Tensor
+    file_names: tuple[str, ...]
+    orig_shapes: torch.Tensor
+    gains: torch.Tensor
+    pads: torch.Tensor
+
+
+def val_boxes_to_original(boxes: torch.Tensor, gain: torch.Tensor, pad: torch.Tensor,
+                          orig_shape: torch.Tensor) -> torch.Tensor:
+    """Map xyxy boxes ``float[N, 4]`` of one letterboxed image back to original pixels (clipped).
+
+    Args:
+      boxes: float[N, 4] in the batch image's pixels.
+      gain: float[2] (gx, gy) of that image (``ValBatch.gains[i]``).
+      pad: float[2] (left, top) (``ValBatch.pads[i]``).
+      orig_shape: int[2] (h, w) (``ValBatch.orig_shapes[i]``).
+
+    Returns:
+      float[N, 4].
+    """
+    g = gain.to(boxes).repeat(2)
+    out = (boxes - pad.to(boxes).repeat(2)) / g
+    h, w = (float(v) for v in orig_shape)
+    return torch.stack([out[:, 0].clamp(0, w), out[:, 1].clamp(0, h), out[:, 2].clamp(0, w), out[:, 3].clamp(0, h)], 1)
+
+
+def val_batch_shapes(shapes: np.ndarray, batch_size: int, image_size: int, *, stride: int = 32,
+                     pad: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's rectangular val batches (REFERENCE.md §3.1).
+
+    Images are sorted by aspect ratio r = h / w and cut into batches; a batch whose r are all < 1
+    gets the (h, w) ratio (max r, 1), all > 1 gets (1, 1 / min r), otherwise (1, 1); its shape is
+    ``ceil(ratio * image_size / stride + pad) * stride`` per side.
+
+    Args:
+      shapes: int[N, 2] (h, w) of every image.
+      batch_size: B.
+      image_size: long side.
+      stride: 32.
+      pad: 0.5.
+
+    Returns:
+      (order int64[N]: dataset indices in batch order, batch_shapes int64[ceil(N / B), 2] (H, W)).
+    """
+    shapes = np.asarray(shapes, np.float64).reshape(-1, 2)
+    ar = shapes[:, 0] / shapes[:, 1]
+    order = np.argsort(ar, kind="stable")
+    ar = ar[order]
+    nb = math.ceil(len(order) / batch_size)
+    out = np.zeros((nb, 2), np.int64)
+    for i in range(nb):
+        a = ar[i * batch_size:(i + 1) * batch_size]
+        lo, hi = a.min(), a.max()
+        ratio = (hi, 1.0) if hi < 1 else (1.0, 1.0 / lo) if lo > 1 else (1.0, 1.0)
+        out[i] = np.ceil(np.array(ratio) * image_size / stride + pad).astype(np.int64) * stride
+    return order, out
+
+
+class _ValBatches:
+    def __init__(self, source: _Source, order: np.ndarray, shapes: np.ndarray, batch_size: int):
+        self.source, self.order, self.shapes, self.batch_size = source, order, shapes, batch_size
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[ValBatch, dict[int, str]]:
+        _, b = key
+        before = dict(self.source.errors)
+        H, W = (int(v) for v in self.shapes[b])
+        images, boxes, classes, kpts, ids, names, orig, gains, pads = [], [], [], [], [], [], [], [], []
+        for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]:
+            got = self._read(int(i))
+            if got is None:  # skipped (counted); not replaced: a copy would be evaluated twice
+                continue
+            rec, s = got
+            h0, w0 = s.image.shape[:2]
+            img, p = letterbox(rec.image, (H, W), scaleup=False, center=True, pad_value=PAD_VALUE)
+            images.append(img.transpose(2, 0, 1))
+            gx, gy = p.gain[0] * rec.image.shape[1] / w0, p.gain[1] * rec.image.shape[0] / h0
+            boxes.append(letterbox_boxes(rec.boxes, p))
+            classes.append(rec.classes)
+            if rec.keypoints is not None:
+                k = rec.keypoints.copy()
+                k[..., 0] = k[..., 0] * p.gain[0] + p.pad[0]
+                k[..., 1] = k[..., 1] * p.gain[1] + p.pad[1]
+                kpts.append(k)
+            ids.append(int(s.image_id))
+            names.append(str(s.file_name))
+            orig.append((h0, w0))
+            gains.append((gx, gy))
+            pads.append(p.pad)
+        if not images:
+            bad = [self.source.errors.get(int(i), "?") for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]]
+            raise ValueError(f"[yolo_func] ValLoader: no image of validation batch {b} could be read: {bad[:3]}; "
+                             "fix or remove these files")
+        t = targets_from_lists([torch.from_numpy(x) for x in boxes], [torch.from_numpy(c) for c in classes],
+                               image_size=(H, W),
+                               keypoints_list=[torch.from_numpy(k) for k in kpts] if kpts else None)
+        new = {i: m for i, m in self.source.errors.items() if i not in before}
+        return ValBatch(torch.from_numpy(np.stack(images)), t, torch.tensor(ids, dtype=torch.int64), tuple(names),
+                        torch.tensor(orig, dtype=torch.int64), torch.tensor(gains, dtype=torch.float32),
+                        torch.tensor(pads, dtype=torch.float32)), new
+
+    def _read(self, index: int) -> tuple[Annotated, Any] | None:
+        if index in self.source.errors:
+            return None
+        try:
+            s = self.source.dataset[index]
+            rec = annotated_from_sample(s._replace(masks=None, keypoints=s.keypoints if self.source.task == "pose" else None))
+            return load_resized(rec, self.source.image_size), s
+        except Exception as e:  # noqa: BLE001 -- bad sample policy (ValLoader docstring)
+            self.source.errors[index] = f"{type(e).__name__}: {e}"
+            return None
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+class ValLoader:
+    """Rectangular validation batches (REFERENCE.md §3.1), in aspect-ratio order, last batch kept.
+
+    Each image's long side is resized to ``image_size`` (linear), then letterboxed without
+    upscaling, centred, pad 114, into its batch's shape (:func:`val_batch_shapes`). A
+    :class:`ValBatch` carries the image ids, file names, original shapes, gains and pads that
+    :func:`val_boxes_to_original` needs.
+
+    Args:
+      dataset: random access source of :class:`yolo_func.data.Sample`.
+      batch_size: B.
+      image_size: long side (640).
+      workers: DataLoader workers.
+      task: default ``dataset.task``.
+      shapes: int[N, 2] (h, w) of every original image; default ``dataset.image_shapes`` when the
+        dataset has it, else every image is read once at construction (``workers`` threads).
+      stride, pad: rect batch rounding (32, 0.5).
+      pin_memory: default True when CUDA is available.
+
+    Bad samples: an image whose reading raises is left out of its batch (not replaced: a copy would
+    be evaluated twice), counted in ``skipped`` and warned about once with the dataset's message.
+    """
+
+    def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 4,
+                 task: str | None = None, shapes: Sequence[tuple[int, int]] | np.ndarray | None = None,
+                 stride: int = 32, pad: float = 0.5, pin_memory: bool | None = None):
+        self.task = _resolve_task(dataset, task)
+        if shapes is None:
+            shapes = getattr(dataset, "image_shapes", None)
+        self._source = _Source(dataset, self.task, image_size)
+        if shapes is None:  # decode every image once (threads: OpenCV releases the GIL)
+            with ThreadPoolExecutor(max(workers, 1)) as ex:
+                shapes = list(ex.map(lambda i: self._shape(i, image_size), range(len(dataset))))
+        shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
+        if len(shapes) != len(dataset):
+            raise ValueError(f"[yolo_func] shapes: expected {len(dataset)} (h, w) rows, got {len(shapes)}")
+        self.order, self.batch_shapes = val_batch_shapes(shapes, batch_size, image_size, stride=stride, pad=pad)
+        self.skipped: dict[int, str] = {}
+        _report(self.skipped, self._source.errors)
+        self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size)
+        self._loader = _dataloader(self._batches, _EpochSampler(_Epoch(), len(self._batches)), workers=workers,
+                                   pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
+
+    def _shape(self, index: int, image_size: int) -> tuple[int, int]:
+        try:
+            return self._source.dataset[index].image.shape[:2]
+        except Exception as e:  # noqa: BLE001 -- bad sample policy (class docstring)
+            self._source.errors[index] = f"{type(e).__name__}: {e}"
+            return image_size, image_size
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def __iter__(self) -> Iterator[ValBatch]:
+        for batch, new in self._loader:
+            _report(self.skipped, new)
+            yield batch
