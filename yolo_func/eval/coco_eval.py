@@ -268,8 +268,10 @@ def format_table(metrics: Mapping[str, Mapping[str, float]]) -> str:
 def _to_host(parts: list, counts: list[int]) -> list:
     """Per-image tensors moved to the CPU with one transfer (one ``cat``) when their trailing shapes
     agree (masks of differently sized original images go one by one)."""
-    if not parts or any(p is None for p in parts):
+    if all(p is None for p in parts):
         return [None] * len(parts)
+    if any(p is None for p in parts):
+        return [None if p is None else p.detach().cpu() for p in parts]
     if all(p.shape[1:] == parts[0].shape[1:] for p in parts):
         return list(torch.cat([p.detach() for p in parts]).cpu().split(counts))
     return [p.detach().cpu() for p in parts]

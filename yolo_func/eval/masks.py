@@ -75,7 +75,9 @@ def crop_masks(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
 
 
 def _scale_boxes(boxes: torch.Tensor, sx: float, sy: float) -> torch.Tensor:
-    return boxes * boxes.new_tensor([sx, sy, sx, sy])
+    # Python scalars only (no host-to-device copy: this runs inside CUDA-graph captures).
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    return torch.stack((x1 * sx, y1 * sy, x2 * sx, y2 * sy), -1)
 
 
 def masks_val(protos: torch.Tensor, coeffs: torch.Tensor, boxes: torch.Tensor, input_shape: tuple[int, int]) -> torch.Tensor:

@@ -228,11 +228,11 @@ class MetricAccumulator:
     both have keypoints (OKS with area = GT box w*h*0.53).
 
     Args:
-      kpt_sigmas_: OKS sigmas for pose (default: COCO's for 17 keypoints, else 1/P).
+      sigmas: OKS sigmas for pose (default: COCO's for 17 keypoints, else 1/P).
     """
 
-    def __init__(self, kpt_sigmas_: Sequence[float] | None = None):
-        self._sigmas = kpt_sigmas_
+    def __init__(self, sigmas: Sequence[float] | None = None):
+        self._sigmas = sigmas
         self.reset()
 
     def reset(self) -> None:
