@@ -3,10 +3,11 @@
 Public names: :func:`postprocess` / :func:`postprocess_static` (raw inference -> detections),
 :class:`Detections`, :class:`PaddedDetections`, :class:`Letterbox`, :func:`scale_to_original`,
 the :mod:`~yolo_func.eval.coco_eval` module (COCO results JSON, pycocotools evaluation, the
-accumulating evaluator) and :mod:`~yolo_func.eval.metrics` (the reference's per-epoch metric).
+accumulating evaluator), :mod:`~yolo_func.eval.metrics` (the reference's per-epoch metric) and
+:mod:`~yolo_func.eval.draw` (pictures).
 """
 
-from yolo_func.eval import coco_eval, masks, metrics, nms
+from yolo_func.eval import coco_eval, draw, masks, metrics, nms
 from yolo_func.eval.coco_eval import CocoEvaluator
 from yolo_func.eval.metrics import fitness
 from yolo_func.eval.postprocess import (
@@ -33,4 +34,5 @@ __all__ = [
     "fitness",
     "masks",
     "nms",
+    "draw",
 ]
