@@ -161,9 +161,9 @@ def _rows(
         n_cand = min(max_candidates, int(row_valid.sum(1).max()))
     n_cand = max(1, min(n_cand, rows))
     key = torch.where(row_valid, row_scores, torch.full_like(row_scores, -torch.inf))
-    # One stable sort by score (descending) of every row: ties keep the lower row index first, also
-    # at the max_candidates cut (a topk would break ties there in a device-dependent order).
-    idx = key.sort(dim=1, descending=True, stable=True).indices[:, :n_cand]
+    idx = _top_rows(key, n_cand)
+    # Stable sort of the selected rows by score (descending): ties keep the lower row index first.
+    idx = idx.gather(1, key.gather(1, idx).sort(dim=1, descending=True, stable=True).indices)
     anchor = row_anchor.gather(1, idx)
     out_scores = row_scores.gather(1, idx)
     out_valid = row_valid.gather(1, idx)
@@ -171,6 +171,30 @@ def _rows(
     out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
     out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
     return out_boxes, out_scores, out_classes, out_extra, out_valid
+
+
+def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices (ascending) of the ``n`` largest keys per row, ties at the cut taken lowest index
+    first; static shapes, O(rows) work besides a top-k (no full sort of every row).
+
+    Args:
+      key: float[B, R].
+      n: 1 <= n <= R.
+
+    Returns:
+      int64[B, n].
+    """
+    B, R = key.shape
+    if n >= R:
+        return torch.arange(R, device=key.device).expand(B, -1)
+    kth = key.topk(n, dim=1).values[:, -1:]
+    above, tie = key > kth, key == kth
+    need = n - above.sum(1, keepdim=True)
+    sel = above | (tie & (tie.long().cumsum(1) <= need))
+    pos = torch.where(sel, sel.long().cumsum(1) - 1, torch.full_like(kth, n, dtype=torch.long))
+    rows = torch.arange(R, device=key.device).expand(B, -1)
+    # Slot n is a sink for the rows left out (static-shape scatter).
+    return torch.zeros(B, n + 1, dtype=torch.long, device=key.device).scatter(1, pos, rows)[:, :n]
 
 
 def _nms(inference, K, *, conf, iou, max_det, multi_label, agnostic, n_cand, max_candidates, block, iters):
