@@ -136,9 +136,7 @@ def _layout(inference: Inference, num_classes: int | None, kpt_shape: tuple[int,
     return K, kpts
 
 
-def _rows(
-    inference: Inference, K: int, *, conf: float, multi_label: bool, agnostic: bool, n_cand: int | None, max_candidates: int
-):
+def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_cand: int | None, max_candidates: int):
     """Ranked candidate rows: ``(boxes xyxy [B,N,4], scores [B,N], classes [B,N], extra [B,N,E], valid [B,N])``.
 
     ``n_cand`` None means eager: N = the largest per-image candidate count, capped (one host read).
@@ -199,7 +197,7 @@ def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
 
 def _nms(inference, K, *, conf, iou, max_det, multi_label, agnostic, n_cand, max_candidates, block, iters):
     boxes, scores, classes, extra, valid = _rows(
-        inference, K, conf=conf, multi_label=multi_label, agnostic=agnostic, n_cand=n_cand, max_candidates=max_candidates
+        inference, K, conf=conf, multi_label=multi_label, n_cand=n_cand, max_candidates=max_candidates
     )
     offset = torch.zeros_like(scores) if agnostic else classes.to(boxes.dtype) * CLASS_OFFSET
     res = nms_sorted(boxes + offset[..., None], valid, iou=iou, max_det=max_det, block=block, iters=iters)
@@ -282,7 +280,7 @@ def postprocess(
         inference, K, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
         n_cand=None, max_candidates=max_candidates, block=block, iters=None,
     )
-    counts = res.count.tolist()  # the one host read of the batch
+    counts = res.count.tolist()  # sizes of the variable-length outputs (host read)
     out = []
     for b, n in enumerate(counts):
         det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n])

@@ -1,4 +1,4 @@
-"""Postprocessing against the reference package's recorded outputs (``record_goldens.py``), on the CPU.
+"""Postprocessing against the reference package's recorded outputs (``record_eval_goldens.py``), on the CPU.
 
 Exact equality for NMS rows (boxes, scores, classes, coefficients, keypoints), masks of the
 ``val`` / ``predict`` methods and the mask rescaling; boxes and keypoints mapped back to the
@@ -18,7 +18,7 @@ from yolo_func.eval import Detections, Letterbox, masks as M, metrics, postproce
 from yolo_func.models import Inference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cases  # noqa: E402
+import eval_cases as cases  # noqa: E402
 
 GOLDENS = Path(__file__).resolve().parent / "goldens" / "postprocess.npz"
 H, W = cases.INPUT_SHAPE

@@ -22,7 +22,7 @@ from yolo_func.models import Inference
 from yolo_func.testing import assert_trees_all_equal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cases  # noqa: E402
+import eval_cases as cases  # noqa: E402
 
 
 def iou_py(a, b) -> float:

@@ -1,12 +1,12 @@
-"""Record the reference package's postprocessing on the inputs of ``cases.py`` (oracle venv).
+"""Record the reference package's postprocessing on the inputs of ``eval_cases.py`` (oracle venv).
 
-    YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(mktemp -d) PYTHONPATH=. /work/oracle-venv/bin/python tests/eval/record_goldens.py
+    YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(mktemp -d) PYTHONPATH=. /work/oracle-venv/bin/python tests/eval/record_eval_goldens.py
 
 Black-box public calls only (ORACLE.md): ``ultralytics.utils.nms.non_max_suppression``,
 ``ultralytics.utils.ops.{process_mask, process_mask_native, scale_masks, scale_boxes, scale_coords}``,
 ``ultralytics.utils.metrics.{ap_per_class, compute_ap}`` and ``DetectionValidator().match_predictions``.
-Writes ``tests/eval/goldens/postprocess.npz``, read by ``tests/eval/test_goldens.py``. The inputs
-are not stored (they are regenerated from their seeds by ``cases.py``); a fingerprint of each is.
+Writes ``tests/eval/goldens/postprocess.npz``, read by ``tests/eval/test_eval_goldens.py``. The inputs
+are not stored (they are regenerated from their seeds by ``eval_cases.py``); a fingerprint of each is.
 Masks are bit-packed.
 """
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import cases  # noqa: E402
+import eval_cases as cases  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "goldens" / "postprocess.npz"
 

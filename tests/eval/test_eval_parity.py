@@ -1,7 +1,7 @@
 """Postprocessing against the reference package live (black box, public calls; marker ``parity``).
 
 Run in the oracle venv:
-    YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(mktemp -d) PYTHONPATH=. /work/oracle-venv/bin/python -m pytest -q -p no:cacheprovider tests/eval/test_parity.py
+    YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(mktemp -d) PYTHONPATH=. /work/oracle-venv/bin/python -m pytest -q -p no:cacheprovider tests/eval/test_eval_parity.py
 
 More seeds than the committed goldens, and the reference model's own eval outputs (random init,
 so class scores sit near the 0.001 val threshold: thousands of candidates per image).
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.parity
 os.environ.setdefault("YOLO_OFFLINE", "1")
 os.environ.setdefault("YOLO_CONFIG_DIR", os.path.join(tempfile.gettempdir(), "yolo_func_ycfg"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cases  # noqa: E402
+import eval_cases as cases  # noqa: E402
 
 
 def ours_rows(dets) -> list[np.ndarray]:
@@ -40,7 +40,7 @@ def ours_rows(dets) -> list[np.ndarray]:
 @pytest.mark.parametrize("seed", [10, 11, 12])
 @pytest.mark.parametrize("cfg", cases.DETECT_CONFIGS, ids=[c[0] for c in cases.DETECT_CONFIGS])
 def test_nms_random_outputs(seed, cfg):
-    from record_goldens import reference_nms
+    from record_eval_goldens import reference_nms
 
     _, ml, ag, conf, iou, max_det, cap = cfg
     y = cases.raw_output(seed, num_classes=4)
@@ -53,7 +53,7 @@ def test_nms_random_outputs(seed, cfg):
 @pytest.mark.parametrize("task", ["detect", "segment", "pose"])
 def test_reference_model_outputs(task):
     tasks = pytest.importorskip("ultralytics.nn.tasks")
-    from record_goldens import reference_nms
+    from record_eval_goldens import reference_nms
     from ultralytics.utils import ops
 
     cls = {"detect": tasks.DetectionModel, "segment": tasks.SegmentationModel, "pose": tasks.PoseModel}[task]

@@ -13,7 +13,7 @@ from yolo_func.eval import postprocess, postprocess_static
 from yolo_func.models import Inference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cases  # noqa: E402
+import eval_cases as cases  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
