@@ -182,3 +182,12 @@ def test_internal_metric_close_to_pycocotools(tiny):
     assert ours["box"]["mAP50"] == pytest.approx(coco["AP50"], abs=0.03)
     assert ours["fitness"] == ours["box"]["mAP50-95"]
     assert len(cat_ids) == 80
+
+
+def test_category_ids_are_the_coco_80_to_91_map(tiny):
+    # REFERENCE.md §3.5: 1-11, 13-25, 27, 28, 31-44, 46-65, 67, 70, 72-82, 84-90 in class order.
+    want = [*range(1, 12), *range(13, 26), 27, 28, *range(31, 45), *range(46, 66), 67, 70, *range(72, 83), *range(84, 91)]
+    assert list(coco_eval.COCO80_TO_91) == want
+    assert coco_eval.category_ids_for(tiny, 80) == want
+    with pytest.raises(ValueError, match="80 categories"):
+        coco_eval.category_ids_for(tiny, 3)
