@@ -1,0 +1,38 @@
+"""Evaluation and prediction: NMS, masks, keypoints, letterbox undo, COCO metrics.
+
+Public names: :func:`postprocess` / :func:`postprocess_static` (raw inference -> detections),
+:class:`Detections`, :class:`PaddedDetections`, :class:`Letterbox`, :func:`scale_to_original`,
+the :mod:`~yolo_func.eval.coco_eval` module (COCO results JSON, pycocotools evaluation, the
+accumulating evaluator), :mod:`~yolo_func.eval.metrics` (the reference's per-epoch metric) and
+:mod:`~yolo_func.eval.draw` (pictures).
+"""
+
+from yolo_func.eval import coco_eval, draw, masks, metrics, nms
+from yolo_func.eval.coco_eval import CocoEvaluator
+from yolo_func.eval.metrics import fitness
+from yolo_func.eval.postprocess import (
+    Detections,
+    Letterbox,
+    PaddedDetections,
+    postprocess,
+    postprocess_static,
+    scale_to_original,
+    unpad,
+)
+
+__all__ = [
+    "postprocess",
+    "postprocess_static",
+    "Detections",
+    "PaddedDetections",
+    "Letterbox",
+    "scale_to_original",
+    "unpad",
+    "coco_eval",
+    "CocoEvaluator",
+    "metrics",
+    "fitness",
+    "masks",
+    "nms",
+    "draw",
+]

@@ -1,0 +1,377 @@
+"""COCO results JSON and pycocotools evaluation (REFERENCE.md §3.5, §3.6).
+
+- :func:`to_coco_results`: one image's detections (original-image pixels) as COCO result records:
+  ``bbox`` = [x, y, w, h] rounded to 3 decimals, ``score`` rounded to 5, the dataset's
+  ``category_id``, ``segmentation`` = compressed RLE (``pycocotools.mask.encode`` of a
+  Fortran-ordered uint8 mask, ``counts`` decoded to ``str`` for JSON), ``keypoints`` = flat
+  [x1, y1, c1, x2, ...] list.
+- :func:`evaluate`: pycocotools' ``COCOeval`` for ``bbox``, ``segm`` and ``keypoints`` returning
+  ``{"bbox": {"AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100"}, "segm": {...same},
+  "keypoints": {"AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl"}}`` (the
+  keypoint evaluation has no small-object or 1/10/100-detection breakdown in pycocotools) and
+  printing a table. Annotation files without ``info`` / ``licenses`` work (pycocotools 2.0.10's
+  ``loadRes`` needs them: they are set to empty); an empty result list gives zeros.
+- :class:`CocoEvaluator`: detectron2-style ``reset()`` / ``process(...)`` / ``evaluate()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolo_func.eval.postprocess import Detections, Letterbox, scale_to_original
+
+__all__ = [
+    "COCO80_TO_91",
+    "BOX_KEYS",
+    "KEYPOINT_KEYS",
+    "IOU_TYPES",
+    "load_coco",
+    "category_ids_for",
+    "encode_mask",
+    "to_coco_results",
+    "evaluate",
+    "format_table",
+    "CocoEvaluator",
+]
+
+#: COCO's 80 training classes -> the 91-id category ids of the official annotation files.
+COCO80_TO_91 = (
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28,
+    31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55,
+    56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84,
+    85, 86, 87, 88, 89, 90,
+)  # fmt: skip
+
+#: Result keys of the bbox and segm evaluations (COCOeval.stats order).
+BOX_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100")
+#: Result keys of the keypoint evaluation (COCOeval.stats order for iouType "keypoints").
+KEYPOINT_KEYS = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
+IOU_TYPES = ("bbox", "segm", "keypoints")
+
+
+def _coco_api():
+    try:
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+    except ImportError as e:  # pragma: no cover - pycocotools is a dependency
+        raise ImportError("[yolo_func] COCO evaluation needs pycocotools: pip install pycocotools") from e
+    return COCO, COCOeval
+
+
+def load_coco(annotations: Any):
+    """A pycocotools ``COCO`` from a path, a dict or a ``COCO``, with ``info`` / ``licenses`` set.
+
+    Args:
+      annotations: path to an instances / person-keypoints JSON, its parsed dict, or a ``COCO``.
+
+    Returns:
+      ``pycocotools.coco.COCO`` (a copy of the dict is indexed; a ``COCO`` is returned as is, with
+      ``info`` and ``licenses`` added when missing).
+
+    Raises:
+      TypeError: another type. ValueError: a dict without ``images`` / ``annotations`` / ``categories``.
+    """
+    COCO, _ = _coco_api()
+    if isinstance(annotations, COCO):
+        coco = annotations
+    else:
+        if isinstance(annotations, (str, Path)):
+            path = Path(annotations)
+            if not path.is_file():
+                raise ValueError(f"[yolo_func] annotations file {str(path)!r} does not exist; pass a COCO JSON path")
+            data = json.loads(path.read_text())
+        elif isinstance(annotations, Mapping):
+            data = copy.deepcopy(dict(annotations))
+        else:
+            raise TypeError(
+                f"[yolo_func] annotations must be a path, a dict or a pycocotools COCO, got {type(annotations).__name__}"
+            )
+        missing = [k for k in ("images", "annotations", "categories") if k not in data]
+        if missing:
+            raise ValueError(f"[yolo_func] annotations lack {missing}; expected a COCO instances / keypoints JSON")
+        coco = COCO()
+        coco.dataset = data
+        with contextlib.redirect_stdout(io.StringIO()):
+            coco.createIndex()
+    coco.dataset.setdefault("info", {})
+    coco.dataset.setdefault("licenses", [])
+    return coco
+
+
+def category_ids_for(coco, num_classes: int) -> list[int]:
+    """Class index -> category id: the dataset's category ids in increasing order (class i -> the
+    i-th category), which for the official 80-class COCO files equals :data:`COCO80_TO_91`.
+
+    Raises:
+      ValueError: the dataset has a different number of categories.
+    """
+    ids = sorted(coco.getCatIds())
+    if len(ids) != num_classes:
+        raise ValueError(
+            f"[yolo_func] the model has {num_classes} classes but the annotations have {len(ids)} categories; "
+            f"pass category_ids=[...] (one id per class) explicitly"
+        )
+    return ids
+
+
+def encode_mask(mask: np.ndarray) -> dict:
+    """Compressed RLE of one binary mask, JSON-ready (``counts`` as str).
+
+    Args:
+      mask: bool or uint8[h, w].
+
+    Returns:
+      ``{"size": [h, w], "counts": str}``.
+    """
+    from pycocotools import mask as mask_utils
+
+    rle = mask_utils.encode(np.asfortranarray(np.asarray(mask, dtype=np.uint8)[:, :, None]))[0]
+    rle["counts"] = rle["counts"].decode("utf-8")
+    return rle
+
+
+def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequence[int]) -> list[dict]:
+    """COCO result records of one image.
+
+    Args:
+      detections: in original-image pixels (see :func:`yolo_func.eval.scale_to_original`); masks, if
+        any, bool[N, h0, w0].
+      image_id: the dataset's image id.
+      category_ids: category id of each class index.
+
+    Returns:
+      A list of ``{"image_id", "category_id", "bbox", "score"[, "segmentation"][, "keypoints"]}``.
+
+    Raises:
+      ValueError: a class index outside ``category_ids``.
+    """
+    boxes = detections.boxes.detach().double().cpu().numpy()
+    scores = detections.scores.detach().double().cpu().numpy()
+    classes = detections.classes.detach().cpu().numpy().astype(np.int64)
+    if len(classes) and (classes.min() < 0 or classes.max() >= len(category_ids)):
+        raise ValueError(
+            f"[yolo_func] to_coco_results: class index {int(classes.max())} has no category id "
+            f"({len(category_ids)} given); pass one category id per model class"
+        )
+    masks = None if detections.masks is None else detections.masks.detach().cpu().numpy()
+    kpts = None if detections.keypoints is None else detections.keypoints.detach().double().cpu().numpy()
+    out = []
+    for i in range(len(scores)):
+        x1, y1, x2, y2 = boxes[i]
+        rec = {
+            "image_id": int(image_id),
+            "category_id": int(category_ids[classes[i]]),
+            "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)],
+            "score": round(float(scores[i]), 5),
+        }
+        if masks is not None:
+            rec["segmentation"] = encode_mask(masks[i])
+        if kpts is not None:
+            rec["keypoints"] = [float(v) for v in kpts[i].reshape(-1)]
+        out.append(rec)
+    return out
+
+
+def _zeros(iou_type: str) -> dict[str, float]:
+    return {k: 0.0 for k in (KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS)}
+
+
+def evaluate(
+    annotations: Any,
+    results: Sequence[dict],
+    *,
+    iou_types: Sequence[str] | None = None,
+    kpt_sigmas: Sequence[float] | None = None,
+    image_ids: Sequence[int] | None = None,
+    verbose: bool = True,
+) -> dict[str, dict[str, float]]:
+    """pycocotools evaluation of COCO result records.
+
+    Args:
+      annotations: the ground truth (path, dict or ``COCO``; see :func:`load_coco`).
+      results: records as :func:`to_coco_results` makes them (a list of dicts).
+      iou_types: subset of ``("bbox", "segm", "keypoints")``; default: ``bbox`` plus ``segm`` /
+        ``keypoints`` when the records carry ``segmentation`` / ``keypoints``.
+      kpt_sigmas: OKS sigmas (P values); default pycocotools' COCO sigmas for 17 keypoints, else
+        ``1 / P`` each.
+      image_ids: evaluate on these images only (default: every image of the annotations).
+      verbose: print the table (pycocotools' own printing is silenced).
+
+    Returns:
+      ``{iou_type: {key: value}}`` with the keys of :data:`BOX_KEYS` / :data:`KEYPOINT_KEYS`; stats
+      pycocotools reports as -1 (no GT in a bucket) become 0.0; empty ``results`` give zeros.
+
+    Raises:
+      ValueError: an unknown iou type, or a records list that lacks what an iou type needs.
+    """
+    _, COCOeval = _coco_api()
+    coco = load_coco(annotations)
+    results = list(results)
+    if iou_types is None:
+        iou_types = ["bbox"]
+        if results and "segmentation" in results[0]:
+            iou_types.append("segm")
+        if results and "keypoints" in results[0]:
+            iou_types.append("keypoints")
+    for t in iou_types:
+        if t not in IOU_TYPES:
+            raise ValueError(f"[yolo_func] evaluate: unknown iou type {t!r}; expected a subset of {list(IOU_TYPES)}")
+        need = {"segm": "segmentation", "keypoints": "keypoints"}.get(t)
+        if need and results and any(need not in r for r in results):
+            raise ValueError(f"[yolo_func] evaluate: iou type {t!r} needs {need!r} in every result record")
+    out: dict[str, dict[str, float]] = {}
+    for t in iou_types:
+        if not results:
+            out[t] = _zeros(t)
+            continue
+        with contextlib.redirect_stdout(io.StringIO()):
+            dt = coco.loadRes(copy.deepcopy(results))
+            ev = COCOeval(coco, dt, t)
+            if image_ids is not None:
+                ev.params.imgIds = sorted(int(i) for i in image_ids)
+            if t == "keypoints":
+                cats = coco.loadCats(coco.getCatIds())
+                num_kpts = len(cats[0].get("keypoints", [])) or len(results[0]["keypoints"]) // 3
+                if kpt_sigmas is not None:
+                    ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
+                elif num_kpts != 17:
+                    ev.params.kpt_oks_sigmas = np.full(num_kpts, 1.0 / num_kpts)
+            ev.evaluate()
+            ev.accumulate()
+            ev.summarize()
+        keys = KEYPOINT_KEYS if t == "keypoints" else BOX_KEYS
+        out[t] = {k: max(float(v), 0.0) for k, v in zip(keys, ev.stats)}
+    if verbose:
+        print(format_table(out))
+    return out
+
+
+def format_table(metrics: Mapping[str, Mapping[str, float]]) -> str:
+    """A plain-text table: one row per iou type, one column per key (values x 100, one decimal)."""
+    lines = []
+    for t, vals in metrics.items():
+        keys = list(vals)
+        lines.append(f"{'':10s}" + "".join(f"{k:>7s}" for k in keys))
+        lines.append(f"{t:10s}" + "".join(f"{100 * vals[k]:7.1f}" for k in keys))
+    return "\n".join(lines)
+
+
+def _to_host(parts: list, counts: list[int]) -> list:
+    """Per-image tensors moved to the CPU with one transfer (one ``cat``) when their trailing shapes
+    agree (masks of differently sized original images go one by one)."""
+    if all(p is None for p in parts):
+        return [None] * len(parts)
+    if any(p is None for p in parts):
+        return [None if p is None else p.detach().cpu() for p in parts]
+    if all(p.shape[1:] == parts[0].shape[1:] for p in parts):
+        return list(torch.cat([p.detach() for p in parts]).cpu().split(counts))
+    return [p.detach().cpu() for p in parts]
+
+
+class CocoEvaluator:
+    """Accumulates detections batch by batch, evaluates with pycocotools once at the end.
+
+    Args:
+      annotations: the ground truth (path, dict or ``COCO``).
+      category_ids: category id of each class index (default: the dataset's ids in increasing
+        order, see :func:`category_ids_for`; checked against the classes seen).
+      kpt_sigmas: OKS sigmas for keypoints (see :func:`evaluate`).
+      verbose: print the table in :meth:`evaluate`.
+
+    Example:
+      >>> ev = CocoEvaluator("annotations.json")          # doctest: +SKIP
+      >>> for images, image_ids, letterboxes in loader:   # doctest: +SKIP
+      ...     ev.process(image_ids, postprocess(model.predict(p, s, images), conf=0.001,
+      ...                multi_label=True, mask_method="val"), letterbox=letterboxes)
+      >>> metrics = ev.evaluate()                         # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        annotations: Any,
+        *,
+        category_ids: Sequence[int] | None = None,
+        kpt_sigmas: Sequence[float] | None = None,
+        verbose: bool = True,
+    ):
+        self.coco = load_coco(annotations)
+        self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
+        self.kpt_sigmas = kpt_sigmas
+        self.verbose = verbose
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every processed batch."""
+        self._results: list[dict] = []
+        self._image_ids: list[int] = []
+        self._has_masks = self._has_kpts = False
+
+    def process(
+        self,
+        image_ids: Sequence[int],
+        detections: Sequence[Detections],
+        *,
+        letterbox: Sequence[Letterbox] | None = None,
+        input_shape: tuple[int, int] | None = None,
+    ) -> None:
+        """Add one batch.
+
+        Args:
+          image_ids: the dataset's image id of each image.
+          detections: per image, in original-image pixels, or in network-input pixels when
+            ``letterbox`` is given (then mapped with :func:`scale_to_original`).
+          letterbox: per image :class:`Letterbox`, or None.
+          input_shape: (H, W) of the network input, used to rescale masks with ``letterbox``.
+
+        Raises:
+          ValueError: lists of different lengths.
+        """
+        if len(image_ids) != len(detections) or (letterbox is not None and len(letterbox) != len(detections)):
+            raise ValueError(
+                f"[yolo_func] CocoEvaluator.process: {len(image_ids)} image ids, {len(detections)} detections"
+                f"{'' if letterbox is None else f', {len(letterbox)} letterboxes'}; pass one of each per image"
+            )
+        if letterbox is not None:
+            detections = [
+                scale_to_original(d, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=input_shape)
+                for d, lb in zip(detections, letterbox)
+            ]
+        # One move to the host per batch and field (concatenated), then split per image.
+        counts = [int(d.scores.shape[0]) for d in detections]
+        host = [_to_host([d[f] for d in detections], counts) for f in range(len(Detections._fields))]
+        for i, image_id in enumerate(image_ids):
+            det = Detections(*(h[i] for h in host))
+            if self.category_ids is None:
+                # Without explicit ids every category of the dataset is a class, in id order.
+                self.category_ids = sorted(self.coco.getCatIds())
+            self._has_masks |= det.masks is not None
+            self._has_kpts |= det.keypoints is not None
+            self._results.extend(to_coco_results(det, image_id=int(image_id), category_ids=self.category_ids))
+            self._image_ids.append(int(image_id))
+
+    @property
+    def results(self) -> list[dict]:
+        """The COCO result records gathered so far (JSON-ready)."""
+        return self._results
+
+    def evaluate(self, *, iou_types: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+        """pycocotools evaluation of everything processed, on the processed images only.
+
+        Returns:
+          As :func:`evaluate`; zeros (and no crash) when nothing was detected.
+        """
+        if iou_types is None:
+            iou_types = ["bbox"] + (["segm"] if self._has_masks else []) + (["keypoints"] if self._has_kpts else [])
+        return evaluate(
+            self.coco, self._results, iou_types=iou_types, kpt_sigmas=self.kpt_sigmas,
+            image_ids=sorted(set(self._image_ids)) or None, verbose=self.verbose,
+        )

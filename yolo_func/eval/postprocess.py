@@ -1,0 +1,443 @@
+"""From the raw inference output to detections: candidates, NMS, masks, keypoints, letterbox undo.
+
+``postprocess`` is the eager form (a list of variable-length :class:`Detections`, one per image);
+``postprocess_static`` the static-shape form (:class:`PaddedDetections`, padded to ``max_det``,
+no data-dependent shapes and no host sync, so it can be captured in a CUDA graph). Both follow
+REFERENCE.md §3.2: candidates with a class score > ``conf`` (one row per (anchor, class) when
+``multi_label`` and K > 1, else one row per anchor with its best class), at most
+``max_candidates`` (30 000) highest-scoring rows, class-aware greedy NMS through the reference's
+offset trick (``class * 7680`` on every coordinate), the first ``max_det`` kept rows in
+descending score order. Ranking ties: lower row index first, rows numbered anchor-major then
+class (the reference's ``nonzero`` order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from yolo_func.eval import masks as M
+from yolo_func.eval.nms import CLASS_OFFSET, nms_sorted
+from yolo_func.models.yolov8 import Inference
+from yolo_func.structures.boxes import clip_boxes, xywh_to_xyxy
+
+__all__ = [
+    "Detections",
+    "PaddedDetections",
+    "Letterbox",
+    "postprocess",
+    "postprocess_static",
+    "unpad",
+    "scale_to_original",
+    "MAX_CANDIDATES",
+]
+
+#: The reference's cap on NMS input rows per image (``max_nms``).
+MAX_CANDIDATES = 30000
+
+
+class Detections(NamedTuple):
+    """Detections of one image, in descending score order.
+
+    Attributes:
+      boxes: float[N, 4] xyxy pixels (network input, or original image after :func:`scale_to_original`).
+      scores: float[N] class confidence.
+      classes: int64[N] class index (0-based, the model's order).
+      masks: bool[N, h, w] for segmentation models, else None (h, w depend on the mask method).
+      keypoints: float[N, P, D] (x, y[, confidence]) pixels for pose models, else None.
+    """
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    classes: torch.Tensor
+    masks: torch.Tensor | None = None
+    keypoints: torch.Tensor | None = None
+
+
+class PaddedDetections(NamedTuple):
+    """Static-shape detections of a batch, padded to D = ``max_det`` rows per image.
+
+    Attributes:
+      boxes: float[B, D, 4] xyxy input pixels (zeros where padded).
+      scores: float[B, D] (zeros where padded).
+      classes: int64[B, D] (zeros where padded).
+      valid: bool[B, D], a prefix of each row.
+      count: int64[B] real rows per image.
+      masks: bool[B, D, Hp, Wp] at prototype resolution (the ``"val"`` method) or None.
+      keypoints: float[B, D, P, Dk] or None.
+      converged: bool[B]; True where the NMS was provably exact (see :mod:`yolo_func.eval.nms`).
+    """
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    classes: torch.Tensor
+    valid: torch.Tensor
+    count: torch.Tensor
+    masks: torch.Tensor | None
+    keypoints: torch.Tensor | None
+    converged: torch.Tensor
+
+    def unpad(self) -> list[Detections]:
+        """One :class:`Detections` per image (one host read of ``count``)."""
+        return unpad(self)
+
+
+class Letterbox(NamedTuple):
+    """How an original image was put into the network input.
+
+    Attributes:
+      orig_shape: (h0, w0) original image size in pixels.
+      gain: input pixels per original pixel, one number or (gain_y, gain_x) (the reference's
+        ``ratio_pad[0]``).
+      pad: (left, top) padding in input pixels (the reference's ``ratio_pad[1]``).
+    """
+
+    orig_shape: tuple[int, int]
+    gain: float | tuple[float, float]
+    pad: tuple[float, float]
+
+
+# -- splitting the inference output ---------------------------------------------------------------
+
+
+def _layout(inference: Inference, num_classes: int | None, kpt_shape: tuple[int, int] | None) -> tuple[int, tuple[int, int] | None]:
+    """``(K, kpt_shape or None)`` from the channel count of ``inference.y``."""
+    if not isinstance(inference, Inference):
+        raise TypeError(
+            f"[yolo_func] postprocess: inference must be a yolo_func.Inference (Model.predict's output), got "
+            f"{type(inference).__name__}; wrap a raw tensor as Inference(y, protos)"
+        )
+    y = inference.y
+    if y.dim() != 3 or y.shape[1] < 5:
+        raise ValueError(f"[yolo_func] postprocess: inference.y must be float[B, 4 + K + E, A], got shape {tuple(y.shape)}")
+    C = y.shape[1]
+    if inference.protos is not None:
+        extra, kpts = inference.protos.shape[1], None
+    elif kpt_shape is not None:
+        kpts = (int(kpt_shape[0]), int(kpt_shape[1]))
+        extra = kpts[0] * kpts[1]
+    elif num_classes is not None:
+        extra, kpts = C - 4 - num_classes, None
+        if extra:
+            raise ValueError(
+                f"[yolo_func] postprocess: inference.y has {C} channels = 4 + {num_classes} classes + {extra} extra, "
+                f"but no protos; pass kpt_shape=(P, D) for a pose model"
+            )
+    else:
+        extra, kpts = 0, None
+    K = C - 4 - extra
+    if K < 1 or (num_classes is not None and K != num_classes):
+        raise ValueError(
+            f"[yolo_func] postprocess: inference.y has {C} channels, which does not split into 4 box + "
+            f"{num_classes if num_classes is not None else 'K'} classes + {extra} extra channels; check num_classes / kpt_shape"
+        )
+    return K, kpts
+
+
+def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_cand: int | None, max_candidates: int):
+    """Ranked candidate rows: ``(boxes xyxy [B,N,4], scores [B,N], classes [B,N], extra [B,N,E], valid [B,N])``.
+
+    ``n_cand`` None means eager: N = the largest per-image candidate count, capped (one host read).
+    """
+    dtype = torch.promote_types(inference.y.dtype, torch.float32)
+    y = inference.y.to(dtype).transpose(1, 2)  # [B, A, C]
+    B, A, _ = y.shape
+    boxes, scores, extra = xywh_to_xyxy(y[..., :4]), y[..., 4 : 4 + K], y[..., 4 + K :]
+    if multi_label and K > 1:
+        row_scores = scores.reshape(B, A * K)  # row = anchor * K + class: the reference's nonzero order
+        row_anchor = torch.arange(A * K, device=y.device) // K
+        row_class = torch.arange(A * K, device=y.device) % K
+        row_anchor, row_class = row_anchor.expand(B, -1), row_class.expand(B, -1)
+    else:
+        row_scores, row_class = scores.max(-1)
+        row_anchor = torch.arange(A, device=y.device).expand(B, -1)
+    rows = row_scores.shape[1]
+    row_valid = row_scores > conf
+    if n_cand is None:
+        n_cand = min(max_candidates, int(row_valid.sum(1).max()))
+    n_cand = max(1, min(n_cand, rows))
+    key = torch.where(row_valid, row_scores, torch.full_like(row_scores, -torch.inf))
+    idx = _top_rows(key, n_cand)
+    # Stable sort of the selected rows by score (descending): ties keep the lower row index first.
+    idx = idx.gather(1, key.gather(1, idx).sort(dim=1, descending=True, stable=True).indices)
+    anchor = row_anchor.gather(1, idx)
+    out_scores = row_scores.gather(1, idx)
+    out_valid = row_valid.gather(1, idx)
+    out_classes = row_class.gather(1, idx)
+    out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
+    out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
+    return out_boxes, out_scores, out_classes, out_extra, out_valid
+
+
+def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices (ascending) of the ``n`` largest keys per row, ties at the cut taken lowest index
+    first; static shapes, O(rows) work besides a top-k (no full sort of every row).
+
+    Args:
+      key: float[B, R].
+      n: 1 <= n <= R.
+
+    Returns:
+      int64[B, n].
+    """
+    B, R = key.shape
+    if n >= R:
+        return torch.arange(R, device=key.device).expand(B, -1)
+    kth = key.topk(n, dim=1).values[:, -1:]
+    above, tie = key > kth, key == kth
+    need = n - above.sum(1, keepdim=True)
+    sel = above | (tie & (tie.long().cumsum(1) <= need))
+    pos = torch.where(sel, sel.long().cumsum(1) - 1, torch.full_like(kth, n, dtype=torch.long))
+    rows = torch.arange(R, device=key.device).expand(B, -1)
+    # Slot n is a sink for the rows left out (static-shape scatter).
+    return torch.zeros(B, n + 1, dtype=torch.long, device=key.device).scatter(1, pos, rows)[:, :n]
+
+
+def _nms(inference, K, *, conf, iou, max_det, multi_label, agnostic, n_cand, max_candidates, block, iters):
+    boxes, scores, classes, extra, valid = _rows(
+        inference, K, conf=conf, multi_label=multi_label, n_cand=n_cand, max_candidates=max_candidates
+    )
+    offset = torch.zeros_like(scores) if agnostic else classes.to(boxes.dtype) * CLASS_OFFSET
+    res = nms_sorted(boxes + offset[..., None], valid, iou=iou, max_det=max_det, block=block, iters=iters)
+    zero = torch.zeros((), dtype=boxes.dtype, device=boxes.device)
+    pick = res.index
+    out_boxes = torch.where(res.valid[..., None], boxes.gather(1, pick[..., None].expand(-1, -1, 4)), zero)
+    out_scores = torch.where(res.valid, scores.gather(1, pick), zero)
+    out_classes = torch.where(res.valid, classes.gather(1, pick), torch.zeros_like(pick))
+    out_extra = torch.where(res.valid[..., None], extra.gather(1, pick[..., None].expand(-1, -1, extra.shape[-1])), zero)
+    return out_boxes, out_scores, out_classes.long(), out_extra, res
+
+
+def _check_args(conf, iou, max_det, max_candidates, mask_method=None):
+    if not 0.0 <= conf < 1.0:
+        raise ValueError(f"[yolo_func] postprocess: conf must be in [0, 1), got {conf}")
+    if not 0.0 <= iou <= 1.0:
+        raise ValueError(f"[yolo_func] postprocess: iou must be in [0, 1], got {iou}")
+    if not isinstance(max_det, int) or max_det < 1:
+        raise ValueError(f"[yolo_func] postprocess: max_det must be a positive int, got {max_det!r}")
+    if not isinstance(max_candidates, int) or max_candidates < 1:
+        raise ValueError(f"[yolo_func] postprocess: max_candidates must be a positive int, got {max_candidates!r}")
+    if mask_method is not None and mask_method not in M.MASK_METHODS:
+        raise ValueError(f"[yolo_func] postprocess: mask_method must be one of {list(M.MASK_METHODS)}, got {mask_method!r}")
+
+
+# -- public ---------------------------------------------------------------------------------------
+
+
+def postprocess(
+    inference: Inference,
+    *,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    multi_label: bool = False,
+    agnostic: bool = False,
+    num_classes: int | None = None,
+    kpt_shape: tuple[int, int] | None = None,
+    mask_method: str = "predict",
+    letterbox: Sequence[Letterbox] | None = None,
+    max_candidates: int = MAX_CANDIDATES,
+    block: int = 256,
+) -> list[Detections]:
+    """NMS, masks and keypoints for a batch of raw inference outputs (REFERENCE.md §3.2-3.4).
+
+    Args:
+      inference: ``Model.predict`` output: ``y float[B, 4 + K + E, A]`` ((cx, cy, w, h) input
+        pixels, class probabilities, E extra channels) and ``protos float[B, NM, Hp, Wp]`` or None.
+      conf: keep rows with class score > conf (val uses 0.001, predict 0.25).
+      iou: suppress when IoU > iou.
+      max_det: at most this many detections per image.
+      multi_label: one row per (anchor, class) above ``conf`` (validation) instead of the best class.
+      agnostic: class-agnostic NMS.
+      num_classes: K; needed only to check the layout (inferred from the channels otherwise).
+      kpt_shape: (P, D) for a pose model's output (required to split its channels).
+      mask_method: ``"val"`` (prototype resolution), ``"predict"`` (input size) or ``"native"``
+        (original size; needs ``letterbox``). See :mod:`yolo_func.eval.masks`.
+      letterbox: one :class:`Letterbox` per image: the results are then in original-image pixels
+        (:func:`scale_to_original`; masks of ``"native"`` come straight from the logits).
+      max_candidates: rows per image kept before NMS (the reference's 30 000).
+      block: NMS block size (memory ``B * block^2`` booleans; results do not depend on it).
+
+    Returns:
+      B :class:`Detections` in descending score order. Floats are float32 (float64 inputs stay
+      float64) whatever the inference dtype.
+
+    Raises:
+      TypeError: ``inference`` is not an :class:`~yolo_func.Inference`.
+      ValueError: bad thresholds, a channel layout that does not split, a letterbox list of the
+        wrong length, or ``"native"`` masks without a letterbox.
+    """
+    _check_args(conf, iou, max_det, max_candidates, mask_method)
+    K, kpts = _layout(inference, num_classes, kpt_shape)
+    B = inference.y.shape[0]
+    if letterbox is not None and len(letterbox) != B:
+        raise ValueError(f"[yolo_func] postprocess: letterbox must hold one Letterbox per image ({B}), got {len(letterbox)}")
+    if mask_method == "native" and inference.protos is not None and letterbox is None:
+        raise ValueError('[yolo_func] postprocess: mask_method="native" needs letterbox=[Letterbox(orig_shape, gain, pad), ...]')
+    boxes, scores, classes, extra, res = _nms(
+        inference, K, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
+        n_cand=None, max_candidates=max_candidates, block=block, iters=None,
+    )
+    counts = res.count.tolist()  # sizes of the variable-length outputs (host read)
+    out = []
+    for b, n in enumerate(counts):
+        det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n])
+        if kpts is not None:
+            det = det._replace(keypoints=extra[b, :n].reshape(n, *kpts))
+        if inference.protos is not None:
+            input_shape = _input_shape(inference)
+            coeffs = extra[b, :n]
+            if mask_method == "native":
+                lb = letterbox[b]
+                orig = scale_to_original(det, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=input_shape)
+                masks = M.masks_native(
+                    inference.protos[b], coeffs, orig.boxes, input_shape=input_shape,
+                    orig_shape=tuple(lb.orig_shape), gain=lb.gain, pad=tuple(lb.pad),
+                )
+                out.append(orig._replace(masks=masks))
+                continue
+            fn = M.masks_val if mask_method == "val" else M.masks_predict
+            det = det._replace(masks=fn(inference.protos[b], coeffs, det.boxes, input_shape))
+        if letterbox is not None:
+            lb = letterbox[b]
+            det = scale_to_original(det, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=_input_shape(inference))
+        out.append(det)
+    return out
+
+
+def _input_shape(inference: Inference) -> tuple[int, int] | None:
+    """Network input (H, W): 4x the prototype size for segmentation models, else unknown."""
+    if inference.protos is None:
+        return None
+    hp, wp = inference.protos.shape[-2:]
+    return (4 * hp, 4 * wp)
+
+
+def postprocess_static(
+    inference: Inference,
+    *,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    multi_label: bool = False,
+    agnostic: bool = False,
+    num_classes: int | None = None,
+    kpt_shape: tuple[int, int] | None = None,
+    max_candidates: int = MAX_CANDIDATES,
+    block: int = 256,
+    iters: int = 8,
+    masks: bool = True,
+) -> PaddedDetections:
+    """Static-shape :func:`postprocess`: same rules, fixed shapes, no host sync (CUDA-graph capturable).
+
+    Every image gets ``min(max_candidates, rows)`` ranked rows (rows at or below ``conf`` are
+    carried as invalid), and each NMS block runs ``iters`` fixed-point iterations; the result
+    equals :func:`postprocess` wherever ``converged`` is True (see :mod:`yolo_func.eval.nms`).
+
+    Args:
+      inference: as in :func:`postprocess`.
+      conf, iou, max_det, multi_label, agnostic, num_classes, kpt_shape, max_candidates, block:
+        as in :func:`postprocess`.
+      iters: fixed-point iterations per NMS block.
+      masks: assemble masks at prototype resolution (the ``"val"`` method) for segmentation models.
+
+    Returns:
+      :class:`PaddedDetections` with D = ``max_det``.
+
+    Raises:
+      TypeError, ValueError: as :func:`postprocess`.
+    """
+    _check_args(conf, iou, max_det, max_candidates)
+    if not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"[yolo_func] postprocess_static: iters must be a positive int, got {iters!r}")
+    K, kpts = _layout(inference, num_classes, kpt_shape)
+    boxes, scores, classes, extra, res = _nms(
+        inference, K, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
+        n_cand=max_candidates, max_candidates=max_candidates, block=block, iters=iters,
+    )
+    B = boxes.shape[0]
+    out_masks = out_kpts = None
+    if kpts is not None:
+        out_kpts = extra.reshape(B, max_det, *kpts)
+    if inference.protos is not None and masks:
+        out_masks = M.masks_val(inference.protos, extra, boxes, _input_shape(inference)) & res.valid[..., None, None]
+    return PaddedDetections(boxes, scores, classes, res.valid, res.count, out_masks, out_kpts, res.converged)
+
+
+def unpad(padded: PaddedDetections) -> list[Detections]:
+    """Split :class:`PaddedDetections` into one :class:`Detections` per image (one host read).
+
+    Args:
+      padded: a static-shape batch.
+
+    Returns:
+      B :class:`Detections` (views into the padded tensors).
+    """
+    out = []
+    for b, n in enumerate(padded.count.tolist()):
+        out.append(
+            Detections(
+                padded.boxes[b, :n], padded.scores[b, :n], padded.classes[b, :n],
+                None if padded.masks is None else padded.masks[b, :n],
+                None if padded.keypoints is None else padded.keypoints[b, :n],
+            )
+        )
+    return out
+
+
+def scale_to_original(
+    detections: Detections,
+    *,
+    orig_shape: tuple[int, int],
+    gain: float | tuple[float, float],
+    pad: tuple[float, float],
+    input_shape: tuple[int, int] | None = None,
+) -> Detections:
+    """Undo the letterbox: from network-input pixels to original-image pixels.
+
+    Boxes and keypoints: ``(xy - pad) / gain`` (per axis) then clipped to ``[0, w0] x [0, h0]`` (keypoint
+    confidences untouched). Masks (covering the whole input at any resolution): the padding is
+    cropped, the rest resized bilinearly to ``orig_shape`` and thresholded at 0.5
+    (:func:`yolo_func.eval.masks.rescale_masks`).
+
+    Args:
+      detections: one image's :class:`Detections` in input pixels.
+      orig_shape: (h0, w0).
+      gain: input pixels per original pixel: one number, or (gain_y, gain_x) as the reference's
+        ``ratio_pad[0]``.
+      pad: (left, top) padding in input pixels.
+      input_shape: (H, W) of the network input; needed only with masks, and inferred as
+        ``round(orig * gain + 2 * pad)`` (a centred letterbox) when not given.
+
+    Returns:
+      :class:`Detections` in original-image pixels (masks bool[N, h0, w0]).
+
+    Raises:
+      ValueError: a non-positive gain or a malformed shape / pad.
+    """
+    if not isinstance(detections, Detections):
+        raise TypeError(f"[yolo_func] scale_to_original: detections must be Detections, got {type(detections).__name__}")
+    if len(orig_shape) != 2 or len(pad) != 2:
+        raise ValueError(
+            f"[yolo_func] scale_to_original: expected orig_shape (h0, w0) and pad (left, top), got {orig_shape!r} and {pad!r}"
+        )
+    gy, gx = M.gains(gain)
+    h0, w0 = int(orig_shape[0]), int(orig_shape[1])
+    px, py = float(pad[0]), float(pad[1])
+    b = detections.boxes
+    boxes = clip_boxes((b - b.new_tensor([px, py, px, py])) / b.new_tensor([gx, gy, gx, gy]), (h0, w0))
+    out = detections._replace(boxes=boxes)
+    k = detections.keypoints
+    if k is not None:
+        x = ((k[..., 0] - px) / gx).clamp(0, w0)
+        y = ((k[..., 1] - py) / gy).clamp(0, h0)
+        out = out._replace(keypoints=torch.cat((x[..., None], y[..., None], k[..., 2:]), -1))
+    if detections.masks is not None:
+        if input_shape is None:
+            input_shape = (int(round(h0 * gy + 2 * py)), int(round(w0 * gx + 2 * px)))
+        out = out._replace(
+            masks=M.rescale_masks(detections.masks, input_shape=input_shape, orig_shape=(h0, w0), gain=gain, pad=(px, py))
+        )
+    return out
