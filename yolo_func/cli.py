@@ -3,6 +3,8 @@
 Commands:
   demo   build a model, run one forward pass on a random image, print shapes and the parameter count.
   info   parameter counts of every scale and task.
+  val    validate weights on a dataset (pycocotools metrics, predictions JSON).
+  predict  detections and pictures for images, a folder or a glob.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--batch", type=_positive_int, default=1, help="number of images (>= 1)")
     demo.add_argument("--seed", type=int, default=0)
     sub.add_parser("info", help="parameter counts of every scale and task")
+    from yolo_func.cli_eval import add_eval_commands
+
+    eval_handlers = add_eval_commands(sub, _image_size, _positive_int)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # usage errors (2) and --help (0): return the status instead of exiting
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"demo": _demo, "info": _info}[args.command](args)
+        return {"demo": _demo, "info": _info, **eval_handlers}[args.command](args)
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,11 +4,13 @@ Public names: :func:`postprocess` / :func:`postprocess_static` (raw inference ->
 :class:`Detections`, :class:`PaddedDetections`, :class:`Letterbox`, :func:`scale_to_original`,
 the :mod:`~yolo_func.eval.coco_eval` module (COCO results JSON, pycocotools evaluation, the
 accumulating evaluator), :mod:`~yolo_func.eval.metrics` (the reference's per-epoch metric) and
-:mod:`~yolo_func.eval.draw` (pictures).
+:mod:`~yolo_func.eval.draw` (pictures); :func:`evaluate` (batched validation of a model on a
+dataset) and :func:`predict` (detections for image files).
 """
 
 from yolo_func.eval import coco_eval, draw, masks, metrics, nms
 from yolo_func.eval.coco_eval import CocoEvaluator
+from yolo_func.eval.evaluate import evaluate
 from yolo_func.eval.metrics import fitness
 from yolo_func.eval.postprocess import (
     Detections,
@@ -19,6 +21,7 @@ from yolo_func.eval.postprocess import (
     scale_to_original,
     unpad,
 )
+from yolo_func.eval.predict import Prediction, predict
 
 __all__ = [
     "postprocess",
@@ -35,4 +38,7 @@ __all__ = [
     "masks",
     "nms",
     "draw",
+    "evaluate",
+    "predict",
+    "Prediction",
 ]

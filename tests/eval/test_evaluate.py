@@ -1,0 +1,166 @@
+"""``yolo_func.eval.evaluate``: the plumbing from rect val batches to pycocotools and the internal metric.
+
+The perfect-prediction check uses a stand-in model whose ``predict`` returns each val batch's ground
+truth in the letterboxed frame (taken from a second ``ValLoader`` with the same settings): AP = 1
+then proves that the letterbox is undone correctly end to end (gain order, pad, clip), since the
+COCO ground truth comes from the JSON in original pixels.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from yolo_func import yolov8
+from yolo_func.data import CocoDataset, ValLoader
+from yolo_func.data.yolo import YoloDataset, write_yolo_dataset
+from yolo_func.eval import evaluate
+from yolo_func.eval.coco_eval import BOX_KEYS, KEYPOINT_KEYS
+from yolo_func.eval.evaluate import coco_ground_truth, evaluate_with_records, model_kpt_shape
+from yolo_func.models.yolov8 import Inference
+
+IMAGE_SIZE, BATCH = 160, 8
+
+
+class GroundTruthModel:
+    """Stand-in for a Model: ``predict`` returns the next val batch's labels as raw inference rows
+    ((cx, cy, w, h) letterboxed pixels, one-hot class scores 0.9, keypoints (x, y, 1.0))."""
+
+    def __init__(self, dataset, *, task: str, num_classes: int, kpt_shape=None):
+        self.task, self.num_classes = task, num_classes
+        self.heads = {"detect": None, **({"pose": None} if task == "pose" else {})}
+        self.batches = iter(list(ValLoader(dataset, batch_size=BATCH, image_size=IMAGE_SIZE, workers=0)))
+        self.kpt_shape = kpt_shape
+
+    def predict(self, params, state, images):
+        t = next(self.batches).targets
+        B, M = t.classes.shape
+        assert images.shape[0] == B
+        xyxy = t.boxes.float()
+        box = torch.cat([(xyxy[..., :2] + xyxy[..., 2:]) / 2, xyxy[..., 2:] - xyxy[..., :2]], -1)
+        scores = torch.nn.functional.one_hot(t.classes, self.num_classes).float() * 0.9 * t.valid[..., None]
+        parts = [box, scores]
+        if self.task == "pose":
+            k = t.keypoints.float().clone()
+            # Persons without labelled keypoints: every point at the box centre, inside the region
+            # pycocotools matches such (ignored) labels by, so they are neither hits nor misses.
+            unlabelled = (t.keypoints[..., 2] == 0).all(-1)
+            centre = box[..., None, :2].expand_as(k[..., :2])
+            k[..., :2] = torch.where(unlabelled[..., None, None], centre, k[..., :2])
+            k[..., 2] = 1.0
+            parts.append(k.flatten(2))
+        return Inference(torch.cat(parts, -1).transpose(1, 2).contiguous(), None)
+
+
+@pytest.fixture(scope="module")
+def coco_tiny(shared_data: Path) -> CocoDataset:
+    d = shared_data / "coco-tiny"
+    return CocoDataset(d / "annotations.json", d / "images", task="detect")
+
+
+def test_ground_truth_as_predictions_gives_ap_1_in_original_pixels(coco_tiny):
+    model = GroundTruthModel(coco_tiny, task="detect", num_classes=len(coco_tiny.names))
+    # iou=1.0: nothing is suppressed (overlapping GT of one class stay), so every label is predicted.
+    metrics, records = evaluate_with_records(model, {}, {}, coco_tiny, image_size=IMAGE_SIZE, batch_size=BATCH,
+                                             device="cpu", iou=1.0, workers=0, progress=False, verbose=False)
+    assert set(metrics) == {"bbox", "internal"}
+    assert set(metrics["bbox"]) == set(BOX_KEYS)
+    assert metrics["bbox"]["AP"] > 0.99
+    assert metrics["bbox"]["AP50"] > 0.99
+    assert metrics["internal"]["box"]["mAP50-95"] > 0.99
+    assert metrics["internal"]["fitness"] == metrics["internal"]["box"]["mAP50-95"]
+    # one record per labelled box, with the JSON's image and category ids
+    labels = sum(len(coco_tiny.labels(i)[1]) for i in range(len(coco_tiny)))
+    assert len(records) == labels
+    assert {r["image_id"] for r in records} <= set(coco_tiny.image_ids.tolist())
+    assert {r["category_id"] for r in records} <= set(coco_tiny.category_ids)
+    json.dumps(metrics)  # JSON-ready
+
+
+def test_pose_ground_truth_gives_keypoint_ap_1(shared_data: Path):
+    d = shared_data / "coco-pose-tiny"
+    ds = CocoDataset(d / "annotations.json", d / "images", task="pose")
+    model = GroundTruthModel(ds, task="pose", num_classes=1)
+    metrics = evaluate(model, {}, {}, ds, image_size=IMAGE_SIZE, batch_size=BATCH, device="cpu", iou=1.0,
+                       workers=0, progress=False, verbose=False)
+    assert set(metrics["keypoints"]) == set(KEYPOINT_KEYS)
+    assert metrics["keypoints"]["AP"] > 0.99
+    assert metrics["internal"]["box"]["mAP50-95"] > 0.99
+    # the internal OKS of a label without visible keypoints is 0 (no hit), so pose recall < 1 there
+    assert 0.3 < metrics["internal"]["pose"]["mAP50-95"] < 1.0
+    assert metrics["internal"]["fitness"] == pytest.approx(
+        metrics["internal"]["box"]["mAP50-95"] + metrics["internal"]["pose"]["mAP50-95"])
+
+
+def test_a_shifted_prediction_is_not_ap_1(coco_tiny):
+    """The AP = 1 check can fail: boxes shifted by a quarter of their size lose the high thresholds."""
+
+    class Shifted(GroundTruthModel):
+        def predict(self, params, state, images):
+            inf = super().predict(params, state, images)
+            y = inf.y.clone()
+            y[:, 0] += y[:, 2] / 4
+            return Inference(y, None)
+
+    model = Shifted(coco_tiny, task="detect", num_classes=len(coco_tiny.names))
+    m = evaluate(model, {}, {}, coco_tiny, image_size=IMAGE_SIZE, batch_size=BATCH, device="cpu", iou=1.0, workers=0,
+                 progress=False, verbose=False)
+    assert m["bbox"]["AP75"] < 0.5 < m["bbox"]["AP50"]
+
+
+def test_random_nano_model_runs_and_returns_every_key(coco_tiny, capsys):
+    model = yolov8("n", task="detect", num_classes=len(coco_tiny.names))
+    params, state = model.init(torch.Generator().manual_seed(0))
+    m = evaluate(model, params, state, coco_tiny, image_size=128, batch_size=16, device="cpu", workers=0)
+    assert set(m["bbox"]) == set(BOX_KEYS)
+    assert set(m["internal"]) >= {"box", "fitness", "per_class"}
+    assert all(0.0 <= v <= 1.0 for v in m["bbox"].values())
+    assert "AP50" in capsys.readouterr().out  # the table is printed
+
+
+def test_class_count_mismatch_names_both(coco_tiny):
+    model = yolov8("n", task="detect", num_classes=3)
+    params, state = model.abstract_init()
+    with pytest.raises(ValueError, match=r"the model has 3 classes but the dataset has 80"):
+        evaluate(model, params, state, coco_tiny, device="cpu", workers=0)
+
+
+def test_task_mismatch_is_an_error(coco_tiny):
+    model = yolov8("n", task="pose")
+    params, state = model.abstract_init()
+    with pytest.raises(ValueError, match=r"task is 'detect' but the model's is 'pose'"):
+        evaluate(model, params, state, coco_tiny, device="cpu", workers=0)
+
+
+def test_yolo_dataset_ground_truth_matches_the_coco_json(coco_tiny, tmp_path):
+    """coco_ground_truth of the YOLO copy holds the JSON's boxes (to the label files' precision)."""
+    yaml = write_yolo_dataset({"val": coco_tiny}, tmp_path)
+    yds = YoloDataset(yaml, "val", task="detect")
+    gt = coco_ground_truth(yds)
+    assert len(gt["images"]) == len(coco_tiny)
+    assert [c["name"] for c in gt["categories"]] == coco_tiny.names
+    by_file = {}
+    for a in gt["annotations"]:
+        by_file.setdefault(gt["images"][[im["id"] for im in gt["images"]].index(a["image_id"])]["file_name"], []).append(a)
+    for i in range(len(coco_tiny)):
+        boxes, classes, _ = coco_tiny.labels(i)
+        name = Path(coco_tiny.file_names[i]).name
+        anns = [a for f, v in by_file.items() if Path(f).name == name for a in v]
+        got = np.array([a["bbox"] for a in anns]).reshape(-1, 4)
+        want = np.array([[x1, y1, x2 - x1, y2 - y1] for x1, y1, x2, y2 in boxes.tolist()]).reshape(-1, 4)
+        assert len(got) == len(want)
+        if len(want):  # every label has a twin (the label files hold 6 decimals of the normalised values)
+            dist = np.abs(want[:, None] - got[None]).max(-1)
+            assert dist.min(1).max() < 0.05
+
+
+def test_model_kpt_shape_from_the_head_channels():
+    model = yolov8("n", task="pose", kpt_shape=(5, 2))
+    params, _ = model.abstract_init()
+    assert model_kpt_shape(model, params) == (5, 2)
+    assert model_kpt_shape(model, params, (4, 3)) == (4, 3)
+    assert model_kpt_shape(yolov8("n"), yolov8("n").abstract_init()[0]) is None

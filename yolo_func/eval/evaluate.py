@@ -1,0 +1,325 @@
+"""Batched validation of a model on a dataset: rect val batches, NMS, COCO metrics, internal metric.
+
+``evaluate`` runs the reference's validation (REFERENCE.md §3.1): :class:`~yolo_func.data.ValLoader`
+rectangular batches, ``Model.predict`` under ``torch.no_grad`` (BF16 autocast on CUDA),
+:func:`~yolo_func.eval.postprocess` with the validation settings (conf 0.001, IoU 0.7, multi-label,
+300 detections), the letterbox undone per image, then two scorers fed batch by batch:
+
+- :class:`~yolo_func.eval.CocoEvaluator` (pycocotools; the numbers to report);
+- :class:`~yolo_func.eval.metrics.MetricAccumulator` (the reference's per-epoch metric, mAP50 /
+  mAP50-95 per class and the fitness), boxes and keypoints in original pixels.
+
+Every device runs eagerly (forward, decode and NMS); the CUDA-graph replay of a val batch is not
+implemented here (see ``docs/evaluation.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolo_func import tree as T
+from yolo_func.eval.coco_eval import CocoEvaluator
+from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
+from yolo_func.eval.postprocess import Detections, Letterbox, postprocess
+
+__all__ = ["evaluate", "evaluate_with_records", "coco_ground_truth", "model_kpt_shape", "resolve_device"]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device``; None: ``cuda`` when available, else ``cpu``.
+
+    Raises:
+      ValueError: an unknown device string, or CUDA asked for on a machine without it.
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, str) and device.isdigit():
+        device = f"cuda:{device}"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"[yolo_func] device={device!r} is not a torch device ({e}); pass 'cpu', 'cuda' or 'cuda:0'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"[yolo_func] device={device!r} but CUDA is not available on this machine; pass device='cpu'")
+    return dev
+
+
+def model_kpt_shape(model: Any, params: dict, kpt_shape: Sequence[int] | None = None) -> tuple[int, int] | None:
+    """``(P, D)`` of a pose model: the given one, else from the pose head's output channels (P * 3
+    when divisible by 3, else P * 2); None for the other tasks.
+
+    Args:
+      model: a :class:`~yolo_func.models.Model`.
+      params: its params (the pose head's last conv gives the channel count).
+      kpt_shape: an explicit (P, D), e.g. the dataset's.
+    """
+    if "pose" not in model.heads:
+        return None
+    if kpt_shape is not None:
+        return (int(kpt_shape[0]), int(kpt_shape[1]))
+    channels = {x.shape[0] for p, x in T.tree_items(params["heads"]["pose"]) if p.endswith("pred/weight")}
+    if len(channels) != 1:
+        raise ValueError(f"[yolo_func] cannot read the keypoint layout from the pose head (output channels {sorted(channels)}); "
+                         "pass kpt_shape=(P, D)")
+    nk = channels.pop()
+    return (nk // 3, 3) if nk % 3 == 0 else (nk // 2, 2)
+
+
+def _polygon_area(poly: np.ndarray) -> float:
+    x, y = poly[:, 0].astype(np.float64), poly[:, 1].astype(np.float64)
+    return float(abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2)
+
+
+def coco_ground_truth(dataset: Any) -> dict:
+    """A COCO annotation dict built from a dataset's labels (for data without a COCO JSON, e.g.
+    :class:`~yolo_func.data.YoloDataset`); no image is decoded.
+
+    Image ids are ``dataset.image_ids``, category ids the class indices (``id = k``, name
+    ``dataset.names[k]``); boxes are xywh pixels, areas the polygon area (segment) or the box area,
+    no crowd regions; pose categories carry ``keypoints`` (names ``"0".."P-1"`` unless the dataset has
+    ``keypoint_names``).
+
+    Args:
+      dataset: with ``labels(i) -> (boxes float[N, 4] xyxy, classes int64[N], keypoints float[N, P, 3] | None)``,
+        ``image_sizes int[len, 2]``, ``image_ids``, ``file_names``, ``names`` and ``task``
+        (``polygons(i)`` for segment).
+
+    Returns:
+      ``{"images", "annotations", "categories", "info", "licenses"}``.
+
+    Raises:
+      TypeError: the dataset lacks ``labels`` / ``image_sizes``.
+    """
+    if not hasattr(dataset, "labels") or not hasattr(dataset, "image_sizes"):
+        raise TypeError(f"[yolo_func] coco_ground_truth: {type(dataset).__name__} has no labels(i) / image_sizes; "
+                        "pass a CocoDataset or a YoloDataset")
+    task = getattr(dataset, "task", "detect")
+    names = list(getattr(dataset, "names", []))
+    kpt_shape = getattr(dataset, "kpt_shape", None)
+    images, anns, next_id = [], [], 1
+    for i in range(len(dataset)):
+        h, w = (int(v) for v in dataset.image_sizes[i])
+        image_id = int(dataset.image_ids[i])
+        images.append({"id": image_id, "height": h, "width": w, "file_name": str(dataset.file_names[i])})
+        boxes, classes, kpts = dataset.labels(i)
+        polys = dataset.polygons(i) if task == "segment" else None
+        for j in range(len(classes)):
+            x1, y1, x2, y2 = (float(v) for v in boxes[j])
+            ann = {"id": next_id, "image_id": image_id, "category_id": int(classes[j]), "iscrowd": 0,
+                   "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)}
+            if polys is not None:
+                p = np.asarray(polys[j], np.float64).reshape(-1, 2)
+                ann["segmentation"] = [p.reshape(-1).tolist()] if len(p) >= 3 else []
+                if len(p) >= 3:
+                    ann["area"] = _polygon_area(p)
+            if task == "pose" and kpts is not None:
+                ann["keypoints"] = np.asarray(kpts[j], np.float64).reshape(-1).tolist()
+                ann["num_keypoints"] = int((kpts[j][:, 2] > 0).sum())
+            anns.append(ann)
+            next_id += 1
+    num_classes = max(len(names), max((a["category_id"] + 1 for a in anns), default=0))
+    cats = []
+    for k in range(num_classes):
+        cat = {"id": k, "name": names[k] if k < len(names) else str(k)}
+        if task == "pose":
+            P = int(kpt_shape[0]) if kpt_shape is not None else 17
+            cat["keypoints"] = list(getattr(dataset, "keypoint_names", None) or [str(p) for p in range(P)])
+            cat["skeleton"] = []
+        cats.append(cat)
+    return {"images": images, "annotations": anns, "categories": cats, "info": {}, "licenses": []}
+
+
+def _dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
+    """(COCO ground truth, category id of each dataset class)."""
+    coco = getattr(dataset, "coco", None)
+    if coco is not None and hasattr(dataset, "category_ids"):
+        return coco, [int(c) for c in dataset.category_ids]
+    gt = coco_ground_truth(dataset)
+    return gt, [c["id"] for c in gt["categories"]]
+
+
+def _letterboxes(batch) -> list[Letterbox]:
+    out = []
+    for (h, w), (gx, gy), (px, py) in zip(batch.orig_shapes.tolist(), batch.gains.tolist(), batch.pads.tolist()):
+        out.append(Letterbox((int(h), int(w)), (gy, gx), (px, py)))  # Letterbox.gain is (gain_y, gain_x)
+    return out
+
+
+def _ground_truth(batch, letterboxes: Sequence[Letterbox]) -> list[GroundTruth]:
+    """Each image's labels in original pixels (the letterbox undone, clipped)."""
+    t = batch.targets
+    out = []
+    for b, lb in enumerate(letterboxes):
+        keep = t.valid[b]
+        (gy, gx), (px, py) = lb.gain, lb.pad
+        h0, w0 = lb.orig_shape
+        boxes = (t.boxes[b][keep].double() - torch.tensor([px, py, px, py], dtype=torch.float64)) / torch.tensor(
+            [gx, gy, gx, gy], dtype=torch.float64)
+        boxes = torch.stack([boxes[:, 0].clamp(0, w0), boxes[:, 1].clamp(0, h0), boxes[:, 2].clamp(0, w0),
+                             boxes[:, 3].clamp(0, h0)], 1)
+        kpts = None
+        if t.keypoints is not None:
+            k = t.keypoints[b][keep].double()
+            kpts = torch.cat([((k[..., :1] - px) / gx), ((k[..., 1:2] - py) / gy), k[..., 2:]], -1)
+        out.append(GroundTruth(boxes, t.classes[b][keep], None, kpts))
+    return out
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="val", unit="batch", file=sys.stderr, leave=False)
+
+
+def _json_ready(internal: dict, names: Sequence[str] | None) -> dict:
+    """The accumulator's dict with numpy arrays as lists and per-class rows keyed by class name."""
+    out = {k: v for k, v in internal.items() if k != "per_class"}
+    per = {}
+    for kind, rows in internal.get("per_class", {}).items():
+        per[kind] = {}
+        for c, ap50, ap in zip(rows["classes"].tolist(), rows["ap50"].tolist(), rows["ap"].tolist()):
+            name = names[c] if names is not None and c < len(names) else str(c)
+            per[kind][name] = {"class": int(c), "mAP50": float(ap50), "mAP50-95": float(ap)}
+    out["per_class"] = per
+    return out
+
+
+def evaluate_with_records(
+    model: Any,
+    params: dict,
+    state: dict,
+    dataset: Any,
+    *,
+    image_size: int = 640,
+    batch_size: int = 32,
+    device: str | torch.device | None = None,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    class_map: Sequence[int] | None = None,
+    kpt_shape: Sequence[int] | None = None,
+    workers: int = 4,
+    progress: bool = True,
+    verbose: bool = True,
+) -> tuple[dict, list[dict]]:
+    """:func:`evaluate`, also returning the COCO result records (the dataset's image and category ids).
+
+    Args: as :func:`evaluate`.
+
+    Returns:
+      ``(metrics, records)``; ``records`` as :func:`yolo_func.eval.coco_eval.to_coco_results` makes them.
+    """
+    dev = resolve_device(device)
+    from yolo_func.data.loader import ValLoader
+
+    task = getattr(dataset, "task", model.task)
+    if task != model.task:
+        raise ValueError(f"[yolo_func] evaluate: the dataset's task is {task!r} but the model's is {model.task!r}; "
+                         f"load the dataset with task={model.task!r}")
+    gt, dataset_cat_ids = _dataset_categories(dataset)
+    K = model.num_classes
+    if class_map is None:
+        if len(dataset_cat_ids) != K:
+            raise ValueError(f"[yolo_func] evaluate: the model has {K} classes but the dataset has {len(dataset_cat_ids)}; "
+                             "pass class_map=[dataset class of each model class]")
+        class_map = list(range(K))
+    class_map = [int(c) for c in class_map]
+    if len(class_map) != K or any(not 0 <= c < len(dataset_cat_ids) for c in class_map):
+        raise ValueError(f"[yolo_func] evaluate: class_map must give one dataset class in [0, {len(dataset_cat_ids)}) for "
+                         f"each of the model's {K} classes, got {class_map}")
+    kpts = model_kpt_shape(model, params, kpt_shape if kpt_shape is not None else getattr(dataset, "kpt_shape", None))
+    category_ids = [dataset_cat_ids[c] for c in class_map]
+    to_dataset_class = torch.tensor(class_map, dtype=torch.int64)
+    coco_ev = CocoEvaluator(gt, category_ids=category_ids, verbose=verbose)
+    internal = MetricAccumulator()
+    params, state = T.tree_to(params, dev), T.tree_to(state, dev)
+    loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task)
+    amp = torch.bfloat16 if dev.type == "cuda" else None
+    from yolo_func.func import autocast
+
+    with _progress(len(loader), progress) as bar, torch.no_grad():
+        for batch in loader:
+            images = batch.images.to(dev, non_blocking=True).float() / 255
+            with autocast(dev, amp):
+                inference = model.predict(params, state, images)
+            letterboxes = _letterboxes(batch)
+            dets = postprocess(
+                inference, conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=K, kpt_shape=kpts,
+                mask_method="native", letterbox=letterboxes,
+            )
+            coco_ev.process(batch.image_ids.tolist(), dets)
+            internal.process(
+                [Detections(d.boxes, d.scores, to_dataset_class[d.classes.cpu()], None, d.keypoints) for d in dets],
+                _ground_truth(batch, letterboxes),
+            )
+            if bar is not None:
+                bar.update(1)
+    metrics = coco_ev.evaluate()
+    names = getattr(dataset, "names", None)
+    metrics["internal"] = _json_ready(internal.compute(), names)
+    return metrics, coco_ev.results
+
+
+def evaluate(
+    model: Any,
+    params: dict,
+    state: dict,
+    dataset: Any,
+    *,
+    image_size: int = 640,
+    batch_size: int = 32,
+    device: str | torch.device | None = None,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    class_map: Sequence[int] | None = None,
+    kpt_shape: Sequence[int] | None = None,
+    workers: int = 4,
+    progress: bool = True,
+    verbose: bool = True,
+) -> dict:
+    """Validate ``model`` on ``dataset`` (REFERENCE.md §3.1): pycocotools numbers and the internal metric.
+
+    Args:
+      model: a :class:`~yolo_func.models.Model` (its ``task`` must be the dataset's).
+      params, state: its trees (any device; moved to ``device``), e.g. the EMA weights.
+      dataset: a :class:`~yolo_func.data.CocoDataset` (scored against its JSON) or a
+        :class:`~yolo_func.data.YoloDataset` (scored against :func:`coco_ground_truth` of it).
+      image_size: long side of the val images (a multiple of 32).
+      batch_size: images per rectangular val batch.
+      device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"0"``; None: CUDA when available.
+      conf: class-score threshold (0.001 for validation).
+      iou: NMS IoU threshold.
+      max_det: detections per image.
+      class_map: dataset class index of each model class (default: class i -> dataset class i, then
+        the model and the dataset must have the same number of classes).
+      kpt_shape: (P, D) of a pose model (default: the dataset's, else from the head's channels).
+      workers: loader worker processes (0: load in this process).
+      progress: show a tqdm progress bar on stderr.
+      verbose: print the pycocotools table.
+
+    Returns:
+      ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
+      {AP, AP50, AP75, APm, APl, AR, AR50, AR75, ARm, ARl},] "internal": {"box": {P, R, mAP50,
+      mAP50-95}, ["pose": {...},] "fitness": float, "per_class": {kind: {name: {class, mAP50,
+      mAP50-95}}}}}`` (JSON-ready floats). The internal metric scores boxes and keypoints in
+      original pixels; it has no ``"mask"`` entry (the val loader carries no mask labels), so a
+      segmentation model's ``fitness`` is its box mAP50-95.
+
+    Raises:
+      ValueError: a task or class-count mismatch, a bad ``class_map`` or device, or a val batch with no
+        readable image.
+    """
+    return evaluate_with_records(
+        model, params, state, dataset, image_size=image_size, batch_size=batch_size, device=device, conf=conf,
+        iou=iou, max_det=max_det, class_map=class_map, kpt_shape=kpt_shape, workers=workers, progress=progress,
+        verbose=verbose,
+    )[0]
