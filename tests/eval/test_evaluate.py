@@ -164,3 +164,51 @@ def test_model_kpt_shape_from_the_head_channels():
     assert model_kpt_shape(model, params) == (5, 2)
     assert model_kpt_shape(model, params, (4, 3)) == (4, 3)
     assert model_kpt_shape(yolov8("n"), yolov8("n").abstract_init()[0]) is None
+
+
+def test_val_replay_falls_back_with_the_reason_off_cuda():
+    """ValReplay on CPU tensors cannot capture: it returns None (run eagerly) and warns once, naming why."""
+    from yolo_func.eval.evaluate import ValReplay
+
+    model = yolov8("n", task="detect", num_classes=2)
+    params, state = model.init(torch.Generator().manual_seed(0))
+    rep = ValReplay(model, params, state, batch_size=2, conf=0.001, iou=0.7, max_det=300, num_classes=2, kpt_shape=None)
+    images = torch.zeros(1, 3, 64, 64, dtype=torch.uint8)
+    with pytest.warns(UserWarning, match=r"val batches run eagerly: .*not a CUDA device.*shape \[2, 3, 64, 64\]"):
+        assert rep(images) is None
+    assert rep(images) is None  # the same reason is not warned twice
+    assert len(rep.reasons) == 1 and rep.replays == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("task", ["detect", "pose"])
+def test_cuda_replayed_validation_equals_eager(shared_data: Path, task):
+    """Forward + decode + static NMS replayed as CUDA graphs (one per rect shape) give the eager
+    path's records and metrics. coco-tiny at batch 8 has only full batches, which replay the eager
+    kernels: the records are equal. A short last batch (batch 12; coco-pose-tiny's 30 images at
+    batch 8) is padded into its shape's graph and runs the convolutions at another batch size, so
+    there only the record count and the metrics (to 1e-3) are compared."""
+    import warnings as _w
+
+    from yolo_func.capture import num_captures
+
+    d = shared_data / ("coco-tiny" if task == "detect" else "coco-pose-tiny")
+    ds = CocoDataset(d / "annotations.json", d / "images", task=task)
+    model = yolov8("n", task=task, num_classes=len(ds.names))
+    params, state = model.init(torch.Generator().manual_seed(0))
+    for batch_size, exact in ((8, task == "detect"), (12, False)):
+        kw = dict(image_size=IMAGE_SIZE, batch_size=batch_size, device="cuda", conf=0.0, workers=0, progress=False,
+                  verbose=False)
+        eager, eager_records = evaluate_with_records(model, params, state, ds, replay=False, **kw)
+        before = num_captures()
+        with _w.catch_warnings(record=True) as caught:
+            _w.simplefilter("always")
+            replayed, records = evaluate_with_records(model, params, state, ds, replay=True, **kw)
+        assert num_captures() > before
+        assert not [w for w in caught if "capture failed" in str(w.message)]
+        assert len(records) == len(eager_records) > 0
+        if exact:
+            assert records == eager_records
+        for kind in ("bbox", "keypoints"):
+            for k, v in eager.get(kind, {}).items():
+                assert replayed[kind][k] == pytest.approx(v, abs=1e-3), (batch_size, kind, k)

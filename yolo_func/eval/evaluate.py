@@ -9,14 +9,21 @@ rectangular batches, ``Model.predict`` under ``torch.no_grad`` (BF16 autocast on
 - :class:`~yolo_func.eval.metrics.MetricAccumulator` (the reference's per-epoch metric, mAP50 /
   mAP50-95 per class and the fitness), boxes and keypoints in original pixels.
 
-Every device runs eagerly (forward, decode and NMS); the CUDA-graph replay of a val batch is not
-implemented here (see ``docs/evaluation.md``).
+On CUDA (``replay=True``, detect and pose models) the forward, decode and static-shape NMS
+(:func:`~yolo_func.eval.postprocess_static`) of a val batch replay as one CUDA graph per batch shape
+(:class:`ValReplay`; a short last batch is padded to the batch size, so it reuses its shape's
+graph). Eager fallback, with one warning naming the reason: a segmentation model (its COCO masks
+are assembled at the original size from the coefficients, eagerly), the capture cache full (more
+distinct rect shapes than ``max_captures``), or a capture that fails; a replayed batch whose NMS
+did not reach its fixed point in ``iters`` iterations (``converged`` False) is post-processed again
+eagerly from the replayed raw output, so the results never differ from the eager path's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,9 +33,10 @@ import torch
 from yolo_func import tree as T
 from yolo_func.eval.coco_eval import CocoEvaluator
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
-from yolo_func.eval.postprocess import Detections, Letterbox, postprocess
+from yolo_func.eval.postprocess import Detections, Letterbox, postprocess, postprocess_static
+from yolo_func.models.yolov8 import Inference
 
-__all__ = ["evaluate", "evaluate_with_records", "coco_ground_truth", "model_kpt_shape", "resolve_device"]
+__all__ = ["evaluate", "evaluate_with_records", "coco_ground_truth", "model_kpt_shape", "resolve_device", "ValReplay"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -171,6 +179,98 @@ def _ground_truth(batch, letterboxes: Sequence[Letterbox]) -> list[GroundTruth]:
     return out
 
 
+class ValReplay:
+    """Forward + decode + static NMS of val batches as CUDA graphs, one per (B, H, W), bounded.
+
+    Args:
+      model: the model (detect or pose).
+      params, state: CUDA trees, read where they live by every replay (not copied; they must not be
+        rebound while this object is used).
+      batch_size: B; shorter batches are padded with blank images to it.
+      conf, iou, max_det, num_classes, kpt_shape: the validation settings (see
+        :func:`~yolo_func.eval.postprocess_static`).
+      max_captures: distinct shapes captured at most; later shapes run eagerly.
+      iters: fixed-point iterations per NMS block inside the graph.
+
+    Attributes:
+      reasons: fallback reasons seen (each also warned about once).
+      replays: batches replayed.
+    """
+
+    def __init__(self, model, params, state, *, batch_size: int, conf: float, iou: float, max_det: int,
+                 num_classes: int, kpt_shape, max_captures: int = 16, iters: int = 8):
+        from yolo_func.capture import CaptureCache
+
+        self.model, self.params, self.state, self.batch_size = model, params, state, batch_size
+        self.settings = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=num_classes,
+                             kpt_shape=kpt_shape, iters=iters)
+        self.cache = CaptureCache(max_captures)
+        self.reasons: list[str] = []
+        self.replays = 0
+        self._persistent = T.tree_leaves((params, state))
+        self._eager_shapes: set[tuple[int, ...]] = set()  # shapes whose capture failed: not retried
+
+    def _fn(self, carry, inputs):
+        from yolo_func.func import autocast
+
+        x = inputs["images"].float() / 255
+        with autocast(x.device, torch.bfloat16):
+            inf = self.model.predict(inputs["params"], inputs["state"], x)
+        y = inf.y.float()
+        padded = postprocess_static(Inference(y, None), **self.settings)
+        return carry, {"y": y, "detections": padded}
+
+    def _fallback(self, reason: str) -> None:
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+            warnings.warn(f"[yolo_func] evaluate: val batches run eagerly: {reason}", stacklevel=3)
+
+    def __call__(self, images: torch.Tensor) -> tuple[list[Detections], Inference] | None:
+        """Replay (capturing on the first batch of a shape) a val batch.
+
+        Args:
+          images: uint8[b, 3, H, W] on the CUDA device, b <= batch_size.
+
+        Returns:
+          ``(detections in input pixels, one per real image; the raw inference)`` or None when this
+          batch must run eagerly (the reason is warned about once).
+        """
+        from yolo_func.capture import CaptureUnavailable, capture_step
+        from yolo_func.capture.binder import check_available
+
+        b = images.shape[0]
+        if b < self.batch_size:  # bucket: pad to the batch size with blank (pad-value) images
+            pad = torch.full((self.batch_size - b, *images.shape[1:]), 114, dtype=images.dtype, device=images.device)
+            images = torch.cat([images, pad])
+        key = tuple(images.shape)
+        if key in self._eager_shapes:
+            return None
+        carry = torch.zeros((), device=images.device)
+        inputs = {"params": self.params, "state": self.state, "images": images}
+        try:
+            if key not in self.cache:  # why capture cannot run, before touching CUDA (the shared pool)
+                check_available({"inputs": inputs}, caller="evaluate")
+            captured = self.cache.get_or_capture(
+                key, lambda: capture_step(self._fn, carry, inputs, pool=self.cache.pool, persistent=self._persistent))
+        except CaptureUnavailable as e:
+            self._fallback(f"{e} (shape {list(key)})")
+            return None
+        except RuntimeError as e:  # a kernel that cannot be captured: this shape stays eager
+            self._eager_shapes.add(key)
+            self._fallback(f"capture failed for shape {list(key)}: {type(e).__name__}: {e}")
+            return None
+        _, aux = captured.step(captured.static.carry, {"params": self.params, "state": self.state, "images": images})
+        self.replays += 1
+        y = aux["y"][:b].clone()
+        padded = aux["detections"]
+        if not bool(padded.converged[:b].all()):
+            self._fallback("the in-graph NMS did not converge in its fixed iterations for a batch "
+                           "(that batch is post-processed again eagerly from the replayed output)")
+            return None, Inference(y, None)
+        dets = [Detections(*(None if t is None else t.clone() for t in d)) for d in padded.unpad()[:b]]
+        return dets, Inference(y, None)
+
+
 def _progress(total: int, enabled: bool):
     if not enabled:
         return contextlib.nullcontext(None)
@@ -209,10 +309,13 @@ def evaluate_with_records(
     workers: int = 4,
     progress: bool = True,
     verbose: bool = True,
+    replay: bool = True,
+    max_captures: int = 16,
 ) -> tuple[dict, list[dict]]:
     """:func:`evaluate`, also returning the COCO result records (the dataset's image and category ids).
 
-    Args: as :func:`evaluate`.
+    Args:
+      As :func:`evaluate`.
 
     Returns:
       ``(metrics, records)``; ``records`` as :func:`yolo_func.eval.coco_eval.to_coco_results` makes them.
@@ -244,17 +347,34 @@ def evaluate_with_records(
     loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task)
     amp = torch.bfloat16 if dev.type == "cuda" else None
     from yolo_func.func import autocast
+    from yolo_func.eval.postprocess import scale_to_original
+
+    replayer = None
+    if replay and dev.type == "cuda":
+        if model.task == "segment":
+            warnings.warn("[yolo_func] evaluate: val batches run eagerly: a segmentation model's COCO masks are "
+                          "assembled at the original image size from the coefficients, which the static NMS does "
+                          "not return", stacklevel=2)
+        else:
+            replayer = ValReplay(model, params, state, batch_size=batch_size, conf=conf, iou=iou, max_det=max_det,
+                                 num_classes=K, kpt_shape=kpts, max_captures=max_captures)
+    post = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=K, kpt_shape=kpts)
 
     with _progress(len(loader), progress) as bar, torch.no_grad():
         for batch in loader:
-            images = batch.images.to(dev, non_blocking=True).float() / 255
-            with autocast(dev, amp):
-                inference = model.predict(params, state, images)
             letterboxes = _letterboxes(batch)
-            dets = postprocess(
-                inference, conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=K, kpt_shape=kpts,
-                mask_method="native", letterbox=letterboxes,
-            )
+            got = replayer(batch.images.to(dev, non_blocking=True)) if replayer is not None else None
+            if got is not None and got[0] is not None:
+                dets = [scale_to_original(d, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad)
+                        for d, lb in zip(got[0], letterboxes)]
+            else:
+                if got is not None:  # replayed, but the static NMS did not converge: redo it eagerly
+                    inference = got[1]
+                else:
+                    images = batch.images.to(dev, non_blocking=True).float() / 255
+                    with autocast(dev, amp):
+                        inference = model.predict(params, state, images)
+                dets = postprocess(inference, **post, mask_method="native", letterbox=letterboxes)
             coco_ev.process(batch.image_ids.tolist(), dets)
             internal.process(
                 [Detections(d.boxes, d.scores, to_dataset_class[d.classes.cpu()], None, d.keypoints) for d in dets],
@@ -285,6 +405,8 @@ def evaluate(
     workers: int = 4,
     progress: bool = True,
     verbose: bool = True,
+    replay: bool = True,
+    max_captures: int = 16,
 ) -> dict:
     """Validate ``model`` on ``dataset`` (REFERENCE.md §3.1): pycocotools numbers and the internal metric.
 
@@ -305,6 +427,9 @@ def evaluate(
       workers: loader worker processes (0: load in this process).
       progress: show a tqdm progress bar on stderr.
       verbose: print the pycocotools table.
+      replay: on CUDA, replay forward + decode + NMS as CUDA graphs (:class:`ValReplay`; detect and
+        pose models; see the module docstring for the fallbacks).
+      max_captures: distinct batch shapes captured at most.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
@@ -321,5 +446,5 @@ def evaluate(
     return evaluate_with_records(
         model, params, state, dataset, image_size=image_size, batch_size=batch_size, device=device, conf=conf,
         iou=iou, max_det=max_det, class_map=class_map, kpt_shape=kpt_shape, workers=workers, progress=progress,
-        verbose=verbose,
+        verbose=verbose, replay=replay, max_captures=max_captures,
     )[0]
