@@ -8,6 +8,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yolo_func import yolov8
 from yolo_func.eval import Prediction, predict
@@ -47,6 +49,24 @@ def test_predict_letterbox_pads_the_short_side_to_32():
     assert lb.orig_shape == (90, 200)
     assert lb.gain == pytest.approx((29 / 90, 64 / 200))
     assert lb.pad == (0.0, 1.0)
+
+
+@settings(parent=settings.get_profile("ci"))
+@given(h=st.integers(1, 700), w=st.integers(1, 700), size=st.sampled_from([32, 64, 160, 320]))
+def test_predict_letterbox_invariants(h, w, size):
+    """Long side = size, both sides multiples of 32 with less than 32 px of padding, the image
+    centred, and an original corner maps to the resized image's corner."""
+    img = np.full((h, w, 3), 7, np.uint8)
+    out, lb = predict_letterbox(img, size)
+    H, W = out.shape[:2]
+    assert H % 32 == 0 and W % 32 == 0 and max(H, W) == size
+    gy, gx = lb.gain
+    nh, nw = round(h * gy), round(w * gx)
+    assert max(nh, nw) == size and 0 <= H - nh < 32 and 0 <= W - nw < 32
+    left, top = lb.pad
+    assert abs(2 * left - (W - nw)) <= 1 and abs(2 * top - (H - nh)) <= 1
+    assert (out[int(top):int(top) + nh, int(left):int(left) + nw] == 7).all()
+    assert (w * gx + left, h * gy + top) == pytest.approx((left + nw, top + nh))
 
 
 def test_boxes_come_back_in_original_pixels(tmp_path):

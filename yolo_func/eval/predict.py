@@ -104,16 +104,24 @@ def predict_letterbox(image: np.ndarray, image_size: int, *, stride: int = 32) -
       image_size: a multiple of ``stride``.
 
     Returns:
-      ``(uint8[H, W, 3], Letterbox)``.
+      ``(uint8[H, W, 3], Letterbox)``: ``(h', w') = round(r * (h0, w0))`` (at least 1) with
+      ``r = image_size / max(h0, w0)``, ``H, W`` their multiples of ``stride`` above, padding
+      ``left = round((W - w') / 2 - 0.1)``, ``top`` alike; ``gain = (h' / h0, w' / w0)``.
     """
-    from yolo_func.data.augment import PAD_VALUE, letterbox
+    import cv2
+
+    from yolo_func.data.augment import PAD_VALUE
 
     h0, w0 = image.shape[:2]
     r = min(image_size / h0, image_size / w0)
-    nh, nw = int(round(h0 * r)), int(round(w0 * r))
+    # at least one pixel per side (a 1 x 64 strip at 32 px would round to 0 rows)
+    nh, nw = max(1, int(round(h0 * r))), max(1, int(round(w0 * r)))
     H, W = -(-nh // stride) * stride, -(-nw // stride) * stride
-    out, p = letterbox(image, (H, W), scaleup=True, center=True, pad_value=PAD_VALUE)
-    return out, Letterbox((h0, w0), (p.gain[1], p.gain[0]), (float(p.pad[0]), float(p.pad[1])))
+    left, top = int(round((W - nw) / 2 - 0.1)), int(round((H - nh) / 2 - 0.1))
+    resized = image if (nh, nw) == (h0, w0) else cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+    out = np.full((H, W, 3), PAD_VALUE, np.uint8)
+    out[top:top + nh, left:left + nw] = resized
+    return out, Letterbox((h0, w0), (nh / h0, nw / w0), (float(left), float(top)))
 
 
 def predict(
