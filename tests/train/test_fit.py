@@ -1,0 +1,155 @@
+"""The fit loop on the CPU: the run folder, bitwise resume, Ctrl-C, the time limit, early stopping.
+
+Tiny runs: 8 built-in training images (4 validation), 64 px, batch 4 (2 steps per epoch),
+loading in the main process.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from yolo_func.configs import build_config, config_from_json
+from yolo_func.data import builtin_dataset
+from yolo_func.testing import assert_trees_all_equal
+from yolo_func.train import DataPosition, fit, load_training_checkpoint, read_training_checkpoint
+from yolo_func.train.run_dir import results_columns
+
+N_TRAIN, N_VAL, BATCH, IMGSZ = 8, 4, 4, 64
+STEPS_PER_EPOCH = N_TRAIN // BATCH
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("builtin")
+    return (builtin_dataset("detect", "train", root=root, num_images=N_TRAIN),
+            builtin_dataset("detect", "val", root=root, num_images=N_VAL))
+
+
+def _config(out, *, epochs=2, extra=()):
+    return build_config("yolov8n", flags={"imgsz": IMGSZ, "batch": BATCH, "epochs": epochs, "out": str(out), "device": "cpu"},
+                        overrides=["data.workers=0", "train.plots=false", *extra])
+
+
+def _digest(batch) -> str:
+    h = hashlib.sha256(batch.images.numpy().tobytes())
+    for t in batch.targets:
+        if t is not None:
+            h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _fit(cfg, data, **kw):
+    return fit(cfg, train_data=data[0], val_data=data[1], progress=False, **kw)
+
+
+@pytest.mark.slow
+def test_fit_writes_the_run_folder(tmp_path, data):
+    out = tmp_path / "run"
+    cfg = _config(out, extra=["train.plots=true"])
+    seen = []
+    result = _fit(cfg, data, on_step=lambda info: seen.append((info.epoch, info.batch_index, info.step)))
+    assert result.stopped == "completed" and result.epochs_done == 2
+    assert seen == [(e, b, e * STEPS_PER_EPOCH + b + 1) for e in range(2) for b in range(STEPS_PER_EPOCH)]
+    assert result.steps == int(result.train_state.step) == 2 * STEPS_PER_EPOCH
+    for name in ("config.json", "results.csv", "events.jsonl", "weights/last.pt", "weights/best.pt",
+                 "results.png", "train_batch0.png", "val_predictions.png"):
+        assert (out / name).is_file(), name
+    saved = config_from_json((out / "config.json").read_text())
+    assert (saved.model.num_classes, saved.data.image_size, saved.data.batch_size) == (5, IMGSZ, BATCH)  # 5 shapes
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == results_columns("detect")
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    for r in rows:  # every cell known: validation ran each epoch (val_every 1)
+        assert all(v != "" for v in r.values()), r
+        assert float(r["fitness"]) == float(r["box/mAP50-95"])
+    kinds = [json.loads(line)["event"] for line in (out / "events.jsonl").read_text().splitlines()]
+    assert kinds == ["start", "epoch", "checkpoint", "epoch", "checkpoint", "end"]
+    # last.pt holds the final state and the position of the next epoch
+    ck = load_training_checkpoint(out / "weights" / "last.pt", result.train_state)
+    assert ck.position == DataPosition(2, 0, 0)
+    assert_trees_all_equal(ck.train_state, result.train_state)
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, data):
+    k = 3  # interrupt after step 3: in the middle of epoch 2 (2 steps per epoch)
+    whole = []
+    a = _fit(_config(tmp_path / "a"), data, on_step=lambda i: whole.append(_digest(i.batch)))
+
+    def ctrl_c(info):
+        if info.step == k:
+            os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT: the step finishes, last.pt is saved
+
+    b1 = _fit(_config(tmp_path / "b"), data, on_step=ctrl_c)
+    assert b1.stopped == "interrupted" and b1.steps == k
+    _, position, _ = read_training_checkpoint(tmp_path / "b" / "weights" / "last.pt")
+    assert position == DataPosition(1, 1, 0)
+    events = [json.loads(line) for line in (tmp_path / "b" / "events.jsonl").read_text().splitlines()]
+    assert events[-2]["event"] == "interrupt" and (events[-2]["epoch"], events[-2]["batch"]) == (1, 1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+    rest = []
+    b2 = _fit(_config(tmp_path / "b"), data, on_step=lambda i: rest.append(_digest(i.batch)))
+    assert b2.stopped == "completed" and b2.steps == a.steps == 2 * STEPS_PER_EPOCH
+    assert rest == whole[k:]  # the next batches are the uninterrupted run's
+    assert_trees_all_equal(b2.train_state, a.train_state)  # every leaf, bitwise
+    with open(tmp_path / "b" / "results.csv", newline="") as f:
+        assert [r["epoch"] for r in csv.DictReader(f)] == ["1", "2"]
+
+
+def test_a_hook_raising_keyboard_interrupt_leaves_a_resumable_checkpoint(tmp_path, data):
+    def stop(info):
+        if info.step == 1:
+            raise KeyboardInterrupt
+
+    r = _fit(_config(tmp_path / "run"), data, on_step=stop)
+    assert r.stopped == "interrupted" and r.steps == 1
+    template = r.train_state
+    ck = load_training_checkpoint(tmp_path / "run" / "weights" / "last.pt", template)
+    assert ck.position == DataPosition(0, 1, 0)
+    assert int(ck.train_state.step) == 1
+    assert_trees_all_equal(ck.train_state, r.train_state)
+
+
+def test_time_limit_stops_saves_and_validates(tmp_path, data):
+    r = _fit(_config(tmp_path / "run", epochs=3, extra=["train.time_limit_hours=1e-9"]), data)
+    assert r.stopped == "time_limit" and r.steps == 1 and r.epochs_done == 0
+    with open(tmp_path / "run" / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 1 and rows[0]["box/mAP50"] != ""  # the partial epoch was validated
+    _, position, _ = read_training_checkpoint(tmp_path / "run" / "weights" / "last.pt")
+    assert position == DataPosition(0, 1, 0)
+
+
+def test_early_stopping_after_patience_epochs_without_a_better_fitness(tmp_path, data):
+    # val.conf = 0.99999: no detection of a barely trained model passes, every fitness is exactly 0, so epoch 1 stays the best
+    # (the first fitness is a best; equal ones are not) and patience 1 stops after epoch 2.
+    r = _fit(_config(tmp_path / "run", epochs=5, extra=["train.patience=1", "val.conf=0.99999"]), data)
+    assert r.stopped == "early_stop" and r.epochs_done == 2 and r.steps == 2 * STEPS_PER_EPOCH
+    assert r.best["epoch"] == 1 and r.best["fitness"] == 0.0
+    with open(tmp_path / "run" / "results.csv", newline="") as f:
+        assert [float(x["fitness"]) for x in csv.DictReader(f)] == [0.0, 0.0]
+
+
+def test_weights_with_another_class_count_reinitialise_the_heads(tmp_path, data, capsys):
+    first = _fit(_config(tmp_path / "a", epochs=1), data)
+    best = tmp_path / "a" / "weights" / "best.pt"
+    from yolo_func.train.fit import build_model
+
+    cfg = build_config("yolov8n", overrides=[f"model.weights={best}", "model.num_classes=7"])
+    gen = torch.Generator().manual_seed(0)
+    model, params, state = build_model(cfg, gen)
+    assert "head(s) ['detect'] re-initialised" in capsys.readouterr().out
+    ema = first.train_state.ema.ema
+    assert_trees_all_equal(params["network"], ema["params"]["network"])  # the EMA weights of best.pt
+    assert_trees_all_equal(state["network"], ema["state"]["network"])
+    fresh, _ = model.init(torch.Generator().manual_seed(0))
+    assert_trees_all_equal(params["heads"], fresh["heads"])
