@@ -513,7 +513,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     opt = _optimizer(config, nb)
     ema = make_ema(config.optim.ema_decay, config.optim.ema_tau)
     ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
-    step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype)
+    # at "step" the targets' bucket (boxes per image, a power of two) is part of the capture key
+    step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype, max_captures=8)
     generators = {"init": gen}
     if position is not None:
         ck = rd.load_last(ts, config=config)
@@ -591,7 +592,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                             on_step(StepInfo(steps, epoch, b, ts, host_batch, metrics))
                         except KeyboardInterrupt:
                             interrupt.requested = True
-                    if progress and (count % log_every == 0 or b == nb - 1):
+                    if count % log_every == 0 or b == nb - 1:  # the one host sync, every log_every steps
                         m = fetch_metrics({k: metrics[k] for k in parts_keys} | {"finite": metrics["finite"], "step": metrics["step"]})
                         shown = {k.rsplit("/", 1)[-1]: f"{m[k]:.3f}" for k in parts_keys}
                         rate = imgs_epoch / max(time.monotonic() - t_epoch, 1e-9)
@@ -636,6 +637,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                     say(f"early stopping: no better fitness in the last {config.train.patience} epochs (best: epoch {best_epoch})")
     finally:
         loader.close()
+    if stopped == "time_limit" and epoch >= epochs:
+        stopped = "completed"  # the limit struck on the very last batch
     if stopped == "time_limit":
         say(f"time limit of {config.train.time_limit_hours} h reached; stopped at step {steps}")
     if stopped == "interrupted":
