@@ -153,3 +153,55 @@ def test_weights_with_another_class_count_reinitialise_the_heads(tmp_path, data,
     assert_trees_all_equal(state["network"], ema["state"]["network"])
     fresh, _ = model.init(torch.Generator().manual_seed(0))
     assert_trees_all_equal(params["heads"], fresh["heads"])
+
+
+# ------------------------------------------------------------------------------------------ CUDA
+
+
+def test_the_cpu_is_always_eager_and_cuda_auto_picks_step():
+    from yolo_func import yolov8
+    from yolo_func.train.fit import resolve_capture
+
+    model = yolov8("n", task="segment")
+    assert resolve_capture("step", model, torch.device("cpu")) == "none"
+    assert resolve_capture("auto", model, torch.device("cuda")) == "step"  # every built-in head is capturable
+    assert resolve_capture("network", model, torch.device("cuda")) == "network"
+    heads = dict(model.heads)
+    heads["segment"] = heads["segment"]._replace(capturable=False)
+    assert resolve_capture("auto", model.with_heads(heads), torch.device("cuda")) == "network"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("capture", ["auto", "network"])
+def test_fit_on_cuda_replays_without_falling_back(tmp_path, data, capture):
+    import warnings
+
+    from yolo_func.train.replay import CaptureFallbackWarning
+
+    cfg = build_config("yolov8n", flags={"imgsz": IMGSZ, "batch": BATCH, "epochs": 2, "out": str(tmp_path / "run"),
+                                         "device": "cuda"}, overrides=["data.workers=0", f"train.capture={capture}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureFallbackWarning)  # a fallback to eager fails the test
+        r = _fit(cfg, data)
+    assert r.stopped == "completed" and r.steps == 2 * STEPS_PER_EPOCH
+    assert r.train_state.step.device.type == "cuda" and int(r.train_state.step) == r.steps
+    assert r.metrics is not None and 0.0 <= r.metrics["box"]["mAP50"] <= 1.0
+    assert (tmp_path / "run" / "weights" / "best.pt").is_file() and (tmp_path / "run" / "results.png").is_file()
+
+
+@pytest.mark.cuda
+def test_fit_on_cuda_resumed_equals_uninterrupted(tmp_path, data):
+    def cfg(name):
+        return build_config("yolov8n", flags={"imgsz": IMGSZ, "batch": BATCH, "epochs": 2, "out": str(tmp_path / name),
+                                              "device": "cuda"}, overrides=["data.workers=0", "train.plots=false"])
+
+    a = _fit(cfg("a"), data)
+
+    def stop(info):
+        if info.step == 3:
+            raise KeyboardInterrupt
+
+    assert _fit(cfg("b"), data, on_step=stop).stopped == "interrupted"
+    b = _fit(cfg("b"), data)
+    assert b.stopped == "completed" and b.steps == a.steps
+    assert_trees_all_equal(b.train_state, a.train_state)
