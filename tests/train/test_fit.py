@@ -205,3 +205,44 @@ def test_fit_on_cuda_resumed_equals_uninterrupted(tmp_path, data):
     b = _fit(cfg("b"), data)
     assert b.stopped == "completed" and b.steps == a.steps
     assert_trees_all_equal(b.train_state, a.train_state)
+
+
+def test_load_datasets_reads_every_data_layout(tmp_path, data):
+    import shutil
+
+    from yolo_func.data.yolo import write_yolo_dataset
+    from yolo_func.train.fit import load_datasets
+
+    train, val = data
+    split_dir = {"train": train.annotations_path.parent, "val": val.annotations_path.parent}
+
+    def sizes(path, images=None):
+        cfg = build_config("yolov8n", flags={"data": str(path), "images": images})
+        a, b = load_datasets(cfg)
+        return len(a), len(b)
+
+    # one annotations.json + images/ (a folder, or the JSON itself): trained and validated on
+    assert sizes(split_dir["train"]) == (N_TRAIN, N_TRAIN)
+    assert sizes(train.annotations_path) == (N_TRAIN, N_TRAIN)
+    assert sizes(train.annotations_path, images=str(split_dir["train"] / "images")) == (N_TRAIN, N_TRAIN)
+    # train/ and val/ folders
+    two = tmp_path / "two"
+    for s, d in split_dir.items():
+        shutil.copytree(d, two / s)
+    assert sizes(two) == (N_TRAIN, N_VAL)
+    # COCO's own layout: annotations/instances_{train,val}2017.json and train2017/, val2017/
+    coco = tmp_path / "coco"
+    (coco / "annotations").mkdir(parents=True)
+    for s, d in split_dir.items():
+        shutil.copy(d / "annotations.json", coco / "annotations" / f"instances_{s}2017.json")
+        shutil.copytree(d / "images", coco / f"{s}2017")
+    assert sizes(coco) == (N_TRAIN, N_VAL)
+    # a YOLO data.yaml (the file or its folder)
+    yaml = write_yolo_dataset({"train": train, "val": val}, tmp_path / "yolo")
+    assert sizes(yaml) == (N_TRAIN, N_VAL)
+    assert sizes(yaml.parent) == (N_TRAIN, N_VAL)
+    with pytest.raises(ValueError, match=r"\[yolo_func\] data.path '.*nowhere' does not exist"):
+        sizes(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"is not a dataset: expected a folder with annotations/instances_"):
+        sizes(tmp_path / "empty")
