@@ -246,3 +246,45 @@ def test_load_datasets_reads_every_data_layout(tmp_path, data):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"is not a dataset: expected a folder with annotations/instances_"):
         sizes(tmp_path / "empty")
+
+
+class _Oracle:
+    """A stand-in model whose ``predict`` returns each validation batch's ground truth as the
+    inference output (score 0.9, keypoint confidence 1): validation must then score the metric's
+    maximum, 0.995 (the reference's AP: the trapezoid over 101 recall points of a precision
+    envelope that is 1 up to recall 1 and drops to 0 at the sentinel, i.e. 1 - 0.01 / 2)."""
+
+    def __init__(self, task, loader, num_classes):
+        self.task, self.num_classes = task, num_classes
+        self.batches = [vb.targets for vb in loader]  # the loader's order is fixed (aspect ratios)
+
+    def predict(self, params, state, images):
+        from yolo_func.models.yolov8 import Inference
+
+        t = self.batches.pop(0)
+        B, M = t.valid.shape
+        xy = (t.boxes[..., :2] + t.boxes[..., 2:]) / 2
+        wh = t.boxes[..., 2:] - t.boxes[..., :2]
+        scores = torch.nn.functional.one_hot(t.classes, self.num_classes).float() * 0.9 * t.valid[..., None]
+        chans = [xy, wh, scores]
+        if t.keypoints is not None:
+            k = t.keypoints.clone()
+            k[..., 2] = 1.0
+            chans.append(k.flatten(2))
+        return Inference(torch.cat(chans, -1).transpose(1, 2).contiguous())
+
+
+@pytest.mark.parametrize("task", ["detect", "pose"])
+def test_validate_scores_the_ground_truth_as_perfect(tmp_path, task):
+    from yolo_func.data import ValLoader
+    from yolo_func.train.fit import validate
+
+    ds = builtin_dataset(task, "val", root=tmp_path, num_images=6)
+    loader = ValLoader(ds, batch_size=4, image_size=IMGSZ * 2, workers=0, shapes=ds.image_sizes)
+    cfg = build_config(f"yolov8n{'-pose' if task == 'pose' else ''}", flags={"imgsz": IMGSZ * 2})
+    m = validate(_Oracle(task, loader, len(ds.names)), None, None, loader, ds, config=cfg, device=torch.device("cpu"),
+                 progress=False)
+    assert m["box"]["mAP50"] == pytest.approx(0.995) and m["box"]["mAP50-95"] == pytest.approx(0.995)
+    if task == "pose":
+        assert m["pose"]["mAP50"] == pytest.approx(0.995) and m["pose"]["mAP50-95"] == pytest.approx(0.995)
+        assert m["fitness"] == pytest.approx(2 * 0.995)
