@@ -288,3 +288,34 @@ def test_validate_scores_the_ground_truth_as_perfect(tmp_path, task):
     if task == "pose":
         assert m["pose"]["mAP50"] == pytest.approx(0.995) and m["pose"]["mAP50-95"] == pytest.approx(0.995)
         assert m["fitness"] == pytest.approx(2 * 0.995)
+
+
+def test_reference_weights_start_the_network_and_the_matching_heads(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    from yolo_func import yolov8
+    from yolo_func.io import to_reference
+    from yolo_func.train.fit import build_model
+
+    spec = importlib.util.spec_from_file_location("reference_files", Path(__file__).parents[1] / "io" / "reference_files.py")
+    ref_files = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref_files)
+    src = yolov8("n", task="segment", num_classes=5)
+    params, state = src.init(torch.Generator().manual_seed(7))
+    pt = ref_files.write_reference_checkpoint(tmp_path / "ref.pt", to_reference(src, params, state), task="segment",
+                                              names=[f"c{i}" for i in range(5)], half=False)
+    # same classes: every head from the file
+    cfg = build_config("yolov8n-seg", overrides=[f"model.weights={pt}", "model.num_classes=5"])
+    _, p, s = build_model(cfg, torch.Generator().manual_seed(0))
+    assert "re-initialised" not in capsys.readouterr().out
+    assert_trees_all_equal(p, params)
+    assert_trees_all_equal(s, state)
+    # 3 classes: the detect head is re-initialised, the segment head (no class channels) kept
+    cfg = build_config("yolov8n-seg", overrides=[f"model.weights={pt}", "model.num_classes=3"])
+    model, p, s = build_model(cfg, torch.Generator().manual_seed(0))
+    assert "head(s) ['detect'] re-initialised" in capsys.readouterr().out
+    fresh, _ = model.init(torch.Generator().manual_seed(0))
+    assert_trees_all_equal(p["network"], params["network"])
+    assert_trees_all_equal(p["heads"]["segment"], params["heads"]["segment"])
+    assert_trees_all_equal(p["heads"]["detect"], fresh["heads"]["detect"])
