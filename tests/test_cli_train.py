@@ -72,3 +72,12 @@ def test_train_on_a_coco_json_writes_the_run_folder(tmp_path, capsys):
     assert (out / "weights" / "last.pt").is_file()
     assert [json.loads(line)["event"] for line in (out / "events.jsonl").read_text().splitlines()][-1] == "end"
     assert f"Run folder: {out}" in capsys.readouterr().out
+
+
+def test_a_second_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
+    def raise_interrupt(config, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit_module, "fit", raise_interrupt)
+    assert main(["train", "--device", "cpu"]) == 130
+    assert "stopped without saving" in capsys.readouterr().err

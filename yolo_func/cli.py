@@ -89,7 +89,11 @@ def _train(args: argparse.Namespace) -> int:
     config = build_config(args.model, flags=flags, overrides=overrides)
     from yolo_func.train.fit import fit
 
-    result = fit(config)
+    try:
+        result = fit(config)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, last.pt is the previous save
+        print("interrupted twice: stopped without saving (weights/last.pt is the previous checkpoint)", file=sys.stderr)
+        return 130
     return 130 if result.stopped == "interrupted" else 0
 
 
