@@ -319,3 +319,22 @@ def test_reference_weights_start_the_network_and_the_matching_heads(tmp_path, ca
     assert_trees_all_equal(p["network"], params["network"])
     assert_trees_all_equal(p["heads"]["segment"], params["heads"]["segment"])
     assert_trees_all_equal(p["heads"]["detect"], fresh["heads"]["detect"])
+
+
+@pytest.mark.parametrize("task", ["segment", "pose"])
+def test_segment_and_pose_fits_validate_their_own_metric(tmp_path, task):
+    root = tmp_path / "data"
+    tr, va = (builtin_dataset(task, "train", root=root, num_images=N_TRAIN),
+              builtin_dataset(task, "val", root=root, num_images=N_VAL))
+    name = {"segment": "yolov8n-seg", "pose": "yolov8n-pose"}[task]
+    cfg = build_config(name, flags={"imgsz": IMGSZ, "batch": BATCH, "epochs": 1, "out": str(tmp_path / "run"), "device": "cpu"},
+                       overrides=["data.workers=0", "train.plots=false"])
+    r = fit(cfg, train_data=tr, val_data=va, progress=False)
+    kind = {"segment": "mask", "pose": "pose"}[task]
+    assert r.stopped == "completed" and set(r.metrics) >= {"box", kind, "fitness"}
+    assert r.metrics["fitness"] == pytest.approx(r.metrics["box"]["mAP50-95"] + r.metrics[kind]["mAP50-95"])
+    with open(tmp_path / "run" / "results.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert tuple(row) == results_columns(task)
+    assert float(row[f"{kind}/mAP50"]) == pytest.approx(r.metrics[kind]["mAP50"])
+    assert all(v != "" for v in row.values())
