@@ -1,6 +1,7 @@
 """Command line: ``yolo-func <command>``.
 
 Commands:
+  train  train a model (a recipe, flags and key=value overrides; no argument: yolov8n on the built-in data).
   demo   build a model, run one forward pass on a random image, print shapes and the parameter count.
   info   parameter counts of every scale and task.
   val    validate weights on a dataset (pycocotools metrics, predictions JSON).
@@ -78,6 +79,47 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    """``yolo-func train``: build the config (recipe, flags, overrides), fit, print the summary.
+
+    Returns 0 when the run ends (completed, early stop, time limit), 130 when interrupted by Ctrl-C
+    (``last.pt`` is saved: run the same command again to resume)."""
+    from yolo_func.configs import FLAGS, build_config
+
+    flags = {name: getattr(args, name) for name in FLAGS}
+    overrides = list(args.overrides) + (["train.resume=true"] if args.resume else [])
+    config = build_config(args.model, flags=flags, overrides=overrides)
+    from yolo_func.train.fit import fit
+
+    try:
+        result = fit(config)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, last.pt is the previous save
+        print("interrupted twice: stopped without saving (weights/last.pt is the previous checkpoint)", file=sys.stderr)
+        return 130
+    return 130 if result.stopped == "interrupted" else 0
+
+
+def _add_train(sub) -> None:
+    from yolo_func.configs import FLAGS
+
+    train = sub.add_parser(
+        "train", help="train a model (no argument: yolov8n on the built-in data, the CPU or GPU default recipe)",
+        description="Train a model. The recipe (--model), then the flags, then key=value overrides "
+                    "(dotted keys, e.g. optim.lr0=0.02 data.augment.mosaic=0.5) build the config; "
+                    "an existing --out folder with weights/last.pt resumes.")
+    train.add_argument("--model", default=None, help="recipe name (yolov8n, yolov8s-seg, yolov8m-pose, builtin-cpu, ...); "
+                                                     "default: builtin-gpu with CUDA, else builtin-cpu")
+    help_of = {"data": "'builtin', a COCO folder, a COCO JSON (with --images) or a YOLO data.yaml",
+               "images": "image folder of a COCO JSON", "epochs": "epochs", "batch": "batch size",
+               "imgsz": "image size (a multiple of 32)", "device": "auto, cpu, cuda or cuda:N",
+               "weights": "start from our checkpoint or a reference .pt", "out": "the run folder (resumed when it holds weights/last.pt)"}
+    types = {"epochs": _positive_int, "batch": _positive_int, "imgsz": _image_size}
+    for name, key in FLAGS.items():
+        train.add_argument(f"--{name}", default=None, type=types.get(name, str), help=f"{help_of.get(name, '')} ({key})")
+    train.add_argument("--resume", action="store_true", help="resume the latest run of the task (train.resume=true)")
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr0=0.02")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``yolo-func`` console script.
 
@@ -98,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--batch", type=_positive_int, default=1, help="number of images (>= 1)")
     demo.add_argument("--seed", type=int, default=0)
     sub.add_parser("info", help="parameter counts of every scale and task")
+    _add_train(sub)
     from yolo_func.cli_eval import add_eval_commands
 
     eval_handlers = add_eval_commands(sub, _image_size, _positive_int)
@@ -109,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"demo": _demo, "info": _info, **eval_handlers}[args.command](args)
+        return {"demo": _demo, "info": _info, "train": _train, **eval_handlers}[args.command](args)
     except (ValueError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -352,7 +352,7 @@ class ValConfig:
     """Validation during training (REFERENCE.md §3.1), on the EMA weights."""
 
     _prefix = "val."
-    conf: float = _opt(0.001, "confidence threshold before NMS", ge=0.0, le=1.0)
+    conf: float = _opt(0.001, "confidence threshold before NMS", ge=0.0, lt=1.0)
     iou: float = _opt(0.7, "NMS IoU threshold", gt=0.0, le=1.0)
     max_det: int = _opt(300, "detections kept per image", ge=1)
     batch_size: Optional[int] = _opt(None, "validation batch; None: twice data.batch_size", ge=1)

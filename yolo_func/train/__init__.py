@@ -18,3 +18,6 @@ from yolo_func.train.step import init_train_state, train_step
 __all__ = ["TrainState", "Batch", "train_step", "init_train_state", "yolo_sgd", "YoloOptimizer",
            "RunDir", "DataPosition", "TrainingCheckpoint", "save_training_checkpoint", "load_training_checkpoint",
            "read_training_checkpoint", "capture_rng", "restore_rng"]
+from yolo_func.train.fit import FitResult, StepInfo, fit  # noqa: E402  (fit imports the modules above)
+
+__all__ += ["fit", "FitResult", "StepInfo"]

@@ -1,0 +1,675 @@
+"""The fit loop: a :class:`yolo_func.configs.Config` in, a trained run folder out.
+
+``fit(config)`` is the only place where data, the training step, evaluation and the run folder
+meet (DESIGN.md §7)::
+
+    datasets (config.data) -> TrainLoader (close_mosaic) --Batch--> ReplayTrainStep (eager on the CPU;
+    on CUDA "step" when every head is capturable, else "network") -> every val_every epochs: validate
+    on the EMA weights (ValLoader -> Model.predict -> postprocess -> scale_to_original ->
+    eval.metrics) -> RunDir: results.csv, events.jsonl, weights/last.pt (and best.pt by fitness)
+
+Stopping: the last epoch, early stopping (``train.patience`` epochs without a better fitness), a
+wall-clock limit (``train.time_limit_hours``, this process's time), Ctrl-C (SIGINT: the current
+step finishes, ``last.pt`` is saved at the exact data position, ``FitResult.stopped ==
+"interrupted"``; a second Ctrl-C stops at once without saving), or a hook raising
+:class:`KeyboardInterrupt` after a step (same as Ctrl-C).
+
+Resume: a run folder holding ``weights/last.pt`` (``train.out``, or ``train.resume``) continues
+from its :class:`~yolo_func.train.DataPosition`: the loader is set to the epoch and the batches of
+it already trained are skipped (they are loaded and dropped: the loader has no random access to a
+batch), so a resumed run sees the batches an uninterrupted one would and ends with a bitwise equal
+:class:`~yolo_func.train.TrainState` (on the CPU; tested).
+
+Host syncs: none per step. Metrics are fetched (one sync, :func:`yolo_func.train.metrics.fetch_metrics`)
+every ``log_every`` steps for the progress bar; the epoch's mean loss parts are summed on the
+device and read once per epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import cv2
+import numpy as np
+import torch
+
+from yolo_func import tree as T
+from yolo_func.configs import Config, config_diff
+from yolo_func.data import CocoDataset, TrainLoader, ValLoader, YoloDataset, builtin_dataset
+from yolo_func.data.augment import AugmentConfig as LoaderAugment
+from yolo_func.data.loader import ValBatch, val_boxes_to_original
+from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
+from yolo_func.eval.postprocess import postprocess, scale_to_original
+from yolo_func.models.yolov8 import Model, yolov8
+from yolo_func.optim import ema as make_ema
+from yolo_func.structures.records import Targets
+from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
+from yolo_func.train.metrics import fetch_metrics
+from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
+from yolo_func.train.replay import ReplayTrainStep
+from yolo_func.train.run_dir import RunDir
+from yolo_func.train.state import Batch, TrainState
+from yolo_func.train.step import init_train_state
+
+__all__ = ["fit", "FitResult", "StepInfo", "load_datasets", "resolve_device", "resolve_capture", "validate",
+           "build_model"]
+
+_KINDS = {"detect": ("box",), "segment": ("box", "mask"), "pose": ("box", "pose")}
+#: The step's loss metrics per task (``loss/<head>/<part>``), in results.csv's order.
+_PARTS = {"detect": ("detect/box", "detect/cls", "detect/dfl"),
+          "segment": ("detect/box", "detect/cls", "detect/dfl", "segment/seg"),
+          "pose": ("detect/box", "detect/cls", "detect/dfl", "pose/pose", "pose/kobj")}
+
+
+class FitResult(NamedTuple):
+    """What :func:`fit` returns.
+
+    Attributes:
+      run_dir: the run folder (``Path``).
+      train_state: the final :class:`TrainState` (on the training device).
+      epochs_done: completed epochs (a run stopped mid-epoch counts the epochs before it).
+      steps: micro-batches trained in total (``TrainState.step``), resumed ones included.
+      stopped: why the loop ended: ``"completed"``, ``"early_stop"``, ``"time_limit"`` or
+        ``"interrupted"`` (Ctrl-C or a hook's ``KeyboardInterrupt``; ``last.pt`` is resumable).
+      best: the ``results.csv`` row of the best fitness, or None (no validation yet).
+      metrics: the last validation's metrics (``{"box": {"P", "R", "mAP50", "mAP50-95"}, ...}``), or None.
+    """
+
+    run_dir: Path
+    train_state: TrainState
+    epochs_done: int
+    steps: int
+    stopped: str
+    best: dict | None
+    metrics: dict | None
+
+
+class StepInfo(NamedTuple):
+    """What an ``on_step`` hook receives after each training step.
+
+    Attributes:
+      step: micro-batches trained so far, this one included (the run's, resumed ones included).
+      epoch: the epoch in progress (0-based).
+      batch_index: the batch's index in the epoch (0-based).
+      train_state: the new :class:`TrainState` (at replay levels: static buffers; read, do not keep).
+      batch: the host :class:`Batch` that was trained on (uint8 images, targets).
+      metrics: the step's device metrics (fetch or clone them before the next step).
+    """
+
+    step: int
+    epoch: int
+    batch_index: int
+    train_state: TrainState
+    batch: Batch
+    metrics: dict
+
+
+# ------------------------------------------------------------------------------------------- devices
+
+
+def resolve_device(device: str) -> torch.device:
+    """``train.device`` as a torch device: ``"auto"`` is CUDA when available, else the CPU.
+
+    Raises:
+      ValueError: CUDA was asked for and is not available.
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"[yolo_func] train.device={device!r} but CUDA is not available here; "
+                         "use --device cpu (or --device auto)")
+    return dev
+
+
+def resolve_capture(capture: str, model: Model, device: torch.device) -> str:
+    """The replay level a run uses: ``"none"`` on the CPU whatever was asked; on CUDA ``"auto"``
+    is ``"step"`` when every head is capturable, else ``"network"``; other values as given."""
+    if device.type != "cuda":
+        return "none"
+    if capture == "auto":
+        return "step" if all(h.capturable for h in model.heads.values()) else "network"
+    return capture
+
+
+def _autocast_dtype(autocast: str, device: torch.device) -> torch.dtype | None:
+    if autocast == "bfloat16" or (autocast == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def _coco_split(folder: Path, split: str, task: str) -> tuple[Path, Path] | None:
+    """(annotations JSON, image folder) of one split of a COCO-style folder, or None."""
+    prefix = "person_keypoints" if task == "pose" else "instances"
+    for ann in sorted((folder / "annotations").glob(f"{prefix}_{split}*.json")):
+        stem = ann.stem.removeprefix(f"{prefix}_")  # train2017
+        for images in (folder / stem, folder / "images" / stem, folder / "images"):
+            if images.is_dir():
+                return ann, images
+    sub = folder / split
+    if (sub / "annotations.json").is_file():
+        return sub / "annotations.json", sub / "images"
+    return None
+
+
+def load_datasets(config: Config, *, builtin_root: str | os.PathLike | None = None) -> tuple[Any, Any]:
+    """The training and validation datasets ``config.data.path`` names.
+
+    - ``"builtin"``: :func:`yolo_func.data.builtin_dataset` (task, ``"train"`` / ``"val"``).
+    - a COCO folder: ``annotations/instances_train*.json`` and ``instances_val*.json`` (pose:
+      ``person_keypoints_*``) with images in ``<folder>/train2017`` (the JSON's suffix),
+      ``<folder>/images/train2017`` or ``<folder>/images``; or ``train/annotations.json`` and
+      ``val/annotations.json`` with ``images/`` beside each; or one ``annotations.json`` with
+      ``images/`` (then the one split is trained and validated on, e.g. ``coco-tiny`` overfitting).
+    - a COCO JSON: its images in ``data.images`` (default ``images/`` beside the JSON, else the
+      JSON's folder); trained and validated on.
+    - a YOLO ``data.yaml``: its ``train`` and ``val`` splits.
+
+    Returns:
+      ``(train_dataset, val_dataset)``.
+
+    Raises:
+      ValueError: the path does not exist or is none of these (the message says what was looked for).
+    """
+    task, path = config.model.task, config.data.path
+    if path == "builtin":
+        return (builtin_dataset(task, "train", root=builtin_root, seed=0),
+                builtin_dataset(task, "val", root=builtin_root, seed=0))
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"[yolo_func] data.path {path!r} does not exist; give 'builtin', a COCO folder, a COCO JSON "
+                         "(with data.images) or a YOLO data.yaml")
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        return YoloDataset(p, "train", task=task), YoloDataset(p, "val", task=task)
+    if p.is_file() and p.suffix == ".json":
+        images = Path(config.data.images) if config.data.images else (p.parent / "images" if (p.parent / "images").is_dir() else p.parent)
+        ds = CocoDataset(p, images, task=task)
+        return ds, ds
+    if p.is_dir():
+        train, val = _coco_split(p, "train", task), _coco_split(p, "val", task)
+        if train and val:
+            return CocoDataset(*train, task=task), CocoDataset(*val, task=task)
+        if (p / "annotations.json").is_file():
+            images = Path(config.data.images) if config.data.images else p / "images"
+            ds = CocoDataset(p / "annotations.json", images, task=task)
+            return ds, ds
+        if (p / "data.yaml").is_file():
+            return YoloDataset(p / "data.yaml", "train", task=task), YoloDataset(p / "data.yaml", "val", task=task)
+    raise ValueError(f"[yolo_func] data.path {path!r} is not a dataset: expected a folder with annotations/"
+                     f"{'person_keypoints' if task == 'pose' else 'instances'}_{{train,val}}*.json, train/ and val/ "
+                     "folders with annotations.json, one annotations.json with images/, a data.yaml; or a COCO "
+                     ".json file or a YOLO .yaml file")
+
+
+def _resolve_model_config(config: Config, train_ds: Any) -> Config:
+    """``model.num_classes`` and (pose) ``model.kpt_shape`` filled from the data (checked when given)."""
+    k_data = len(train_ds.names)
+    k = config.model.num_classes
+    if k is not None and k < k_data:
+        raise ValueError(f"[yolo_func] model.num_classes={k} but the data has {k_data} classes ({list(train_ds.names)[:5]}...); "
+                         f"set model.num_classes={k_data} or leave it none")
+    changes: dict[str, Any] = {"num_classes": k if k is not None else k_data}
+    kpt = getattr(train_ds, "kpt_shape", None)
+    if config.model.task == "pose" and kpt is not None and tuple(kpt) != tuple(config.model.kpt_shape):
+        changes["kpt_shape"] = tuple(int(v) for v in kpt)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, **changes))
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+def _items(tree: Any) -> dict[str, tuple]:
+    return {p: tuple(x.shape) for p, x in T.tree_items(tree)}
+
+
+def _sub(flat: dict[str, torch.Tensor], prefix: str) -> dict:
+    """The nested tree under ``prefix/`` of a ``{path: tensor}`` table."""
+    return T.tree_from_flat_dict({p[len(prefix) + 1:]: v for p, v in flat.items() if p.startswith(prefix + "/")})
+
+
+def _weights_from_file(path: str) -> tuple[dict, dict, str]:
+    """(params, state, description) from our checkpoint (training: the EMA weights; weights-only:
+    its params and state) or a reference ``.pt``."""
+    from yolo_func.io.checkpoint import read_checkpoint
+    from yolo_func.io.ultralytics import load_reference_model
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"[yolo_func] model.weights {path!r} is not a file; give our checkpoint (weights/best.pt) or a reference .pt")
+    try:
+        payload = read_checkpoint(p)
+    except ValueError:
+        ref = load_reference_model(p)  # raises a ValueError naming the file when it is neither
+        return ref.params, ref.state, f"reference weights {p.name} (yolov8{ref.model.scale} {ref.model.task}, {ref.model.num_classes} classes)"
+    flat = payload["tensors"]
+    if any(k.startswith("ema/ema/params/") for k in flat):
+        return _sub(flat, "ema/ema/params"), _sub(flat, "ema/ema/state"), f"the EMA weights of {p}"
+    if any(k.startswith("params/") for k in flat):
+        return _sub(flat, "params"), _sub(flat, "state"), f"the weights of {p}"
+    raise ValueError(f"[yolo_func] model.weights {path!r} is a yolo_func checkpoint without params/ or ema/ tensors; "
+                     "give a training checkpoint (weights/last.pt, best.pt) or a reference .pt")
+
+
+def build_model(config: Config, gen: torch.Generator, *, log: Callable[[str], None] = print) -> tuple[Model, dict, dict]:
+    """The model of ``config.model`` and its starting params and BN statistics (CPU, float32).
+
+    Without ``model.weights``: the seeded init (``gen``). With it: the network from the file (its
+    scale must match) and each head from the file when the file has it with the same shapes, else
+    re-initialised from ``gen`` (another class count, another task), which ``log`` reports.
+
+    Raises:
+      ValueError: unreadable weights, or a network of another scale.
+    """
+    m = config.model
+    model = yolov8(m.scale, task=m.task, num_classes=m.num_classes, kpt_shape=m.kpt_shape)
+    params, state = model.init(gen)
+    if m.weights is None:
+        return model, params, state
+    w_params, w_state, what = _weights_from_file(m.weights)
+    net_p, net_s = w_params.get("network"), w_state.get("network")
+    if net_p is None or _items(net_p) != _items(params["network"]) or _items(net_s) != _items(state["network"]):
+        raise ValueError(f"[yolo_func] model.weights: {what} do not fit the yolov8{m.scale} network "
+                         f"({T.tree_diff(params['network'], net_p or {}, names=('model', 'weights')).splitlines()[:3]}); "
+                         "pick the recipe of the weights' scale (--model)")
+    params = {"network": net_p, "heads": dict(params["heads"])}
+    state = {"network": net_s, "heads": dict(state["heads"])}
+    fresh = []
+    for name in model.heads:
+        hp, hs = w_params.get("heads", {}).get(name), w_state.get("heads", {}).get(name)
+        if hp is not None and hs is not None and _items(hp) == _items(params["heads"][name]) and _items(hs) == _items(state["heads"][name]):
+            params["heads"][name], state["heads"][name] = hp, hs
+        else:
+            fresh.append(name)
+    msg = f"starting from {what}"
+    if fresh:
+        msg += (f"; head(s) {fresh} re-initialised (the weights' heads do not fit {m.num_classes} classes"
+                f"{', ' + str(m.kpt_shape) + ' keypoints' if m.task == 'pose' else ''} or are missing)")
+    log(msg)
+    params = T.tree_map(lambda x: x.float().contiguous(), params)
+    state = T.tree_map(lambda x: x.float().contiguous(), state)
+    return model, params, state
+
+
+# ------------------------------------------------------------------------------------------ validate
+
+
+def _gt_masks(mask: np.ndarray, gain: tuple[float, float], pad: tuple[float, float], shape: tuple[int, int]) -> torch.Tensor:
+    """Original-image instance masks uint8[N, h0, w0] -> bool[N, H/4, W/4] in the letterboxed input
+    (bilinear, > 0.5: the reference's GT masks at a quarter of the input)."""
+    gx, gy = gain
+    px, py = pad
+    h, w = shape[0] // 4, shape[1] // 4
+    matrix = np.array([[gx / 4, 0, px / 4], [0, gy / 4, py / 4]], np.float64)
+    out = [cv2.warpAffine(m.astype(np.float32), matrix, (w, h), flags=cv2.INTER_LINEAR) > 0.5 for m in mask]
+    return torch.from_numpy(np.stack(out)) if out else torch.zeros(0, h, w, dtype=torch.bool)
+
+
+@torch.no_grad()
+def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
+             device: torch.device, autocast_dtype: torch.dtype | None = None, progress: bool = True,
+             desc: str = "val") -> dict:
+    """The reference's per-epoch validation (REFERENCE.md §3.1, §3.6) on given weights.
+
+    Rect batches (``loader``) -> ``model.predict`` (eval mode) -> :func:`postprocess` (multi-label,
+    ``val.conf`` / ``val.iou`` / ``val.max_det``; masks at the prototype resolution) -> boxes and
+    keypoints back to original pixels (:func:`scale_to_original`; the ground truth through
+    :func:`yolo_func.data.loader.val_boxes_to_original`) -> :class:`MetricAccumulator` (masks
+    compared at a quarter of the letterboxed input, as the reference does).
+
+    Args:
+      model: the :class:`Model`.
+      params, state: the weights (the EMA's during training).
+      loader: a :class:`ValLoader` over ``dataset``.
+      dataset: the validation dataset (segment: read again for the ground-truth masks).
+      config: the run's config (``val.*``, ``model.kpt_shape``).
+      device: where to run.
+      autocast_dtype: e.g. ``torch.bfloat16`` on CUDA.
+      progress: show a tqdm bar.
+
+    Returns:
+      :meth:`MetricAccumulator.compute`'s dict (``box`` and ``mask`` / ``pose``: P, R, mAP50, mAP50-95; ``fitness``).
+    """
+    from tqdm.auto import tqdm
+
+    acc = MetricAccumulator()
+    task = model.task
+    index_of = {int(i): k for k, i in enumerate(getattr(dataset, "image_ids", range(len(dataset))))}
+    kpt_shape = tuple(config.model.kpt_shape) if task == "pose" else None
+    channels_last = device.type == "cuda"
+    for vb in tqdm(loader, desc=desc, leave=False, disable=not progress, dynamic_ncols=True):
+        vb: ValBatch
+        x = vb.images.to(device, non_blocking=True)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        x = x.float() / 255
+        if autocast_dtype is not None:
+            with torch.autocast(device.type, dtype=autocast_dtype):
+                inf = model.predict(params, state, x)
+        else:
+            inf = model.predict(params, state, x)
+        inf = type(inf)(*(None if t is None else t.float() for t in inf))
+        dets = postprocess(inf, conf=config.val.conf, iou=config.val.iou, max_det=config.val.max_det, multi_label=True,
+                           kpt_shape=kpt_shape, mask_method="val")
+        t = vb.targets
+        gts, outs = [], []
+        for b, det in enumerate(dets):
+            det = type(det)(*(None if v is None else v.cpu() for v in det))
+            gx, gy = (float(v) for v in vb.gains[b])
+            pad = tuple(float(v) for v in vb.pads[b])
+            orig = tuple(int(v) for v in vb.orig_shapes[b])
+            masks = det.masks
+            det = scale_to_original(det._replace(masks=None), orig_shape=orig, gain=(gy, gx), pad=pad)
+            outs.append(det._replace(masks=masks))
+            keep = t.valid[b]
+            boxes = val_boxes_to_original(t.boxes[b][keep].float(), vb.gains[b], vb.pads[b], vb.orig_shapes[b])
+            kp = None
+            if t.keypoints is not None:
+                k = t.keypoints[b][keep].float()
+                kx = ((k[..., 0] - pad[0]) / gx).clamp(0, orig[1])
+                ky = ((k[..., 1] - pad[1]) / gy).clamp(0, orig[0])
+                kp = torch.stack((kx, ky, k[..., 2]), -1)
+            gm = None
+            if masks is not None:
+                sample = dataset[index_of[int(vb.image_ids[b])]]
+                gm = _gt_masks(sample.masks, (gx, gy), pad, tuple(vb.images.shape[-2:]))
+            gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
+        acc.process(outs, gts)
+    return acc.compute()
+
+
+# ------------------------------------------------------------------------------------------- the loop
+
+
+def _to_device(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    t = batch.targets
+    return Batch(batch.images.to(device, non_blocking=True),
+                 Targets(*(None if v is None else v.to(device, non_blocking=True) for v in t)))
+
+
+def _loader_augment(config: Config) -> LoaderAugment:
+    a = config.data.augment
+    return LoaderAugment(**{f.name: getattr(a, f.name) for f in dataclasses.fields(LoaderAugment) if hasattr(a, f.name)})
+
+
+def _optimizer(config: Config, batches_per_epoch: int) -> YoloOptimizer:
+    o = config.optim
+    return yolo_sgd(batch_size=config.data.batch_size, batches_per_epoch=batches_per_epoch, epochs=config.train.epochs,
+                    lr0=o.lr0, lrf=o.lrf, momentum=o.momentum, weight_decay=o.weight_decay, warmup_epochs=o.warmup_epochs,
+                    warmup_bias_lr=o.warmup_bias_lr, warmup_momentum=o.warmup_momentum, cos_lr=o.cos_lr, nbs=o.nbs,
+                    max_norm=o.max_norm)
+
+
+class _Interrupt:
+    """SIGINT while training: the first sets a flag (the loop saves and stops after the current
+    step), a second raises KeyboardInterrupt at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> "_Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _gpu_mem(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "-"
+    return f"{torch.cuda.memory_reserved(device) / 2**30:.1f}G"
+
+
+def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: str | os.PathLike = "runs",
+        on_step: Callable[[StepInfo], None] | None = None, progress: bool = True, log_every: int = 10,
+        builtin_root: str | os.PathLike | None = None) -> FitResult:
+    """Train a model as ``config`` says, in a run folder (see the module docstring).
+
+    Args:
+      config: the :class:`Config` (``configs.build_config`` / a recipe's ``get_config()``).
+      train_data, val_data: datasets to use instead of ``config.data.path`` (random-access sources
+        of :class:`yolo_func.data.Sample` with ``names``; e.g. ``builtin_dataset(..., num_images=8)``);
+        give both or neither.
+      root: where ``runs/<task>/<name>`` folders go when ``train.out`` is not set.
+      on_step: called after every step with a :class:`StepInfo`; raising :class:`KeyboardInterrupt`
+        there stops the run as Ctrl-C does (``last.pt`` saved at the next batch's position).
+      progress: tqdm bars (training and validation) and the final summary on stdout.
+      log_every: steps between two metric fetches for the progress bar (the only per-step host syncs).
+      builtin_root: the built-in data's cache folder (default ``~/.cache/yolo_func``).
+
+    Returns:
+      :class:`FitResult`.
+
+    Raises:
+      ValueError: a bad data path, weights file or device; a run folder of another run; a
+        checkpoint that does not fit the config (each message names the file or key).
+    """
+    from tqdm.auto import tqdm
+
+    if not isinstance(config, Config):
+        raise TypeError(f"[yolo_func] fit expects a Config (yolo_func.configs.build_config); got {type(config).__name__}")
+    if (train_data is None) != (val_data is None):
+        raise ValueError("[yolo_func] fit: give both train_data and val_data, or neither (then config.data.path is read)")
+    say = print if progress else (lambda *a, **k: None)
+    t_start = time.monotonic()
+    rd = RunDir.for_config(config, root=root)
+    position, elapsed_before = None, 0.0
+    if rd.resumable:
+        saved, position, meta = read_training_checkpoint(rd.last)
+        # The checkpoint's config rules (model, data, optimizer, schedule length): resuming must
+        # continue the same run. Options of this process apply: device, time limit, plots.
+        now = {"device": config.train.device, "time_limit_hours": config.train.time_limit_hours,
+               "plots": config.train.plots, "out": str(rd.path), "resume": config.train.resume}
+        resumed = dataclasses.replace(saved, train=dataclasses.replace(saved.train, **now))
+        ignored = sorted(k for k in config_diff(resumed, config)
+                         if k not in ("model.num_classes", "model.kpt_shape", "train.out", "train.name"))
+        if ignored:
+            warnings.warn(f"[yolo_func] resuming {str(rd.path)!r} with its own config; these options differ from it and "
+                          f"are ignored: {ignored} (start a new run in another folder to change them)", UserWarning,
+                          stacklevel=2)
+        config = resumed
+        elapsed_before = float(meta.get("elapsed", 0.0))
+    if train_data is None:
+        train_data, val_data = load_datasets(config, builtin_root=builtin_root)
+    config = _resolve_model_config(config, train_data)
+    device = resolve_device(config.train.device)
+    gen = torch.Generator().manual_seed(config.train.seed)
+    # a resumed run takes its weights from last.pt (model.weights only shapes the start of a run)
+    start = config if position is None else dataclasses.replace(config, model=dataclasses.replace(config.model, weights=None))
+    model, params, state = build_model(start, gen, log=say)
+    level = resolve_capture(config.train.capture, model, device)
+    dtype = _autocast_dtype(config.train.autocast, device)
+    workers = config.data.workers
+    loader = TrainLoader(train_data, batch_size=config.data.batch_size, image_size=config.data.image_size,
+                         workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,
+                         augment=_loader_augment(config), epochs=config.train.epochs, max_boxes=config.data.max_boxes)
+    nb = len(loader)
+    val_batch = config.val.batch_size or 2 * config.data.batch_size
+    val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=min(workers, 4),
+                           task=config.model.task, shapes=getattr(val_data, "image_sizes", None))
+    opt = _optimizer(config, nb)
+    ema = make_ema(config.optim.ema_decay, config.optim.ema_tau)
+    ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
+    # at "step" the targets' bucket (boxes per image, a power of two) is part of the capture key
+    step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype, max_captures=8)
+    generators = {"init": gen}
+    if position is not None:
+        ck = rd.load_last(ts, config=config)
+        ts = ck.train_state
+        restore_rng(ck.rng, generators)
+        say(f"resuming {rd.path} at epoch {position.epoch + 1}, batch {position.batch} (step {int(ts.step)})")
+    else:
+        position = DataPosition(0, 0, config.train.seed)
+    rd.begin(config, position=position if rd.resumable else None)
+    names = list(getattr(train_data, "names", [])) or None
+    task = config.model.task
+    parts_keys = [f"loss/{p}" for p in _PARTS[task]]
+    epochs = config.train.epochs
+    limit_s = config.train.time_limit_hours * 3600 if config.train.time_limit_hours else None
+    best_row = rd.best_row()
+    best_epoch = best_row["epoch"] if best_row else 0
+    last_metrics = None
+    stopped = "completed"
+    epoch = position.epoch
+    start_batch = position.batch
+    steps = int(ts.step) if device.type == "cpu" else int(ts.step.item())  # once, before the loop
+    plots = config.train.plots
+    say(f"training yolov8{config.model.scale} {task} ({config.model.num_classes} classes) on {device} "
+        f"(capture {level!r}{', ' + str(dtype).removeprefix('torch.') if dtype else ''}), {len(train_data)} train / "
+        f"{len(val_data)} val images, {nb} batches of {config.data.batch_size} per epoch, run folder {rd.path}")
+
+    def save(pos: DataPosition, *, best: bool = False, extra_meta: dict | None = None) -> None:
+        meta = {"elapsed": elapsed_before + time.monotonic() - t_start, "steps": steps, **(extra_meta or {})}
+        rd.save(ts, config=config, position=pos, rng=capture_rng(generators), meta=meta, best=best)
+
+    def row_for(epoch_done: int, sums: torch.Tensor | None, count: int, metrics: dict | None) -> dict:
+        row: dict[str, Any] = {"epoch": epoch_done, "time": round(elapsed_before + time.monotonic() - t_start, 3)}
+        if sums is not None and count:
+            means = (sums / count).tolist()
+            for key, v in zip(parts_keys, means):
+                row[f"loss/{key.rsplit('/', 1)[-1]}"] = v
+        ni = torch.tensor(max(steps - 1, 0), dtype=torch.int64)
+        for g in ("decay", "no_decay", "bias"):
+            row[f"lr/{g}"] = float(opt.schedules.lr[g](ni))
+        if metrics is not None:
+            for k in _KINDS[task]:
+                row[f"{k}/mAP50"] = metrics.get(k, {}).get("mAP50", 0.0)
+                row[f"{k}/mAP50-95"] = metrics.get(k, {}).get("mAP50-95", 0.0)
+        return row
+
+    def run_validation(epoch_index: int) -> dict:
+        e_params, e_state = ts.ema.ema["params"], ts.ema.ema["state"]
+        return validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
+                        autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}")
+
+    try:
+        with _Interrupt() as interrupt:
+            while epoch < epochs and stopped == "completed":
+                loader.set_epoch(epoch)
+                sums = torch.zeros(len(parts_keys), dtype=torch.float64, device=device)
+                count = 0
+                bar = tqdm(total=nb, initial=start_batch, desc=f"epoch {epoch + 1}/{epochs}", leave=True,
+                           disable=not progress, dynamic_ncols=True, file=sys.stderr)
+                t_epoch, imgs_epoch, shown = time.monotonic(), 0, {}
+                b = -1
+                for b, host_batch in enumerate(loader):
+                    if b < start_batch:
+                        continue  # resumed mid-epoch: these batches were trained before the interruption
+                    if plots and epoch == 0 and b == 0:
+                        from yolo_func.train.plots import plot_batch
+                        plot_batch(host_batch.images, host_batch.targets, names, rd.path / "train_batch0.png")
+                    batch = _to_device(host_batch, device)
+                    ts, metrics = step_fn(ts, batch)
+                    steps += 1
+                    count += 1
+                    sums = sums + torch.stack([metrics[k].detach().double() for k in parts_keys])
+                    imgs_epoch += batch.images.shape[0]
+                    if on_step is not None:
+                        try:
+                            on_step(StepInfo(steps, epoch, b, ts, host_batch, metrics))
+                        except KeyboardInterrupt:
+                            interrupt.requested = True
+                    if count % log_every == 0 or b == nb - 1:  # the one host sync, every log_every steps
+                        m = fetch_metrics({k: metrics[k] for k in parts_keys} | {"finite": metrics["finite"], "step": metrics["step"]})
+                        shown = {k.rsplit("/", 1)[-1]: f"{m[k]:.3f}" for k in parts_keys}
+                        rate = imgs_epoch / max(time.monotonic() - t_epoch, 1e-9)
+                        bar.set_postfix(shown | {"inst": int(host_batch.targets.valid.sum()),
+                                                  "size": config.data.image_size, "img/s": f"{rate:.1f}",
+                                                  "mem": _gpu_mem(device)}, refresh=False)
+                    bar.update(1)
+                    if interrupt.requested:
+                        stopped = "interrupted"
+                    elif limit_s is not None and time.monotonic() - t_start >= limit_s:
+                        stopped = "time_limit"
+                    if stopped != "completed":
+                        break
+                bar.close()
+                start_batch = 0
+                if stopped == "interrupted":
+                    pos = DataPosition(epoch, b + 1, config.train.seed) if b + 1 < nb else DataPosition(epoch + 1, 0, config.train.seed)
+                    if pos.batch == 0:  # the epoch's last batch was trained: close the epoch first
+                        rd.log_epoch(row_for(epoch + 1, sums, count, None))
+                    save(pos)
+                    rd.event("interrupt", epoch=pos.epoch, batch=pos.batch, step=steps)
+                    epoch = pos.epoch
+                    break
+                finished = b == nb - 1  # the epoch's last batch was trained (a time limit may coincide)
+                last = epoch + 1 == epochs
+                do_val = (epoch + 1) % config.train.val_every == 0 or last or stopped == "time_limit"
+                metrics_v = run_validation(epoch) if do_val else None
+                if metrics_v is not None:
+                    last_metrics = metrics_v
+                is_best = rd.log_epoch(row_for(epoch + 1, sums, count, metrics_v))
+                if is_best:
+                    best_epoch = epoch + 1
+                pos = DataPosition(epoch + 1, 0, config.train.seed) if finished else DataPosition(epoch, b + 1, config.train.seed)
+                save(pos, best=is_best)
+                if metrics_v is not None:
+                    say("  " + ", ".join(f"{k} mAP50 {metrics_v[k]['mAP50']:.4f} mAP50-95 {metrics_v[k]['mAP50-95']:.4f}"
+                                         for k in _KINDS[task] if k in metrics_v))
+                epoch = pos.epoch
+                if stopped == "completed" and config.train.patience and epoch - best_epoch >= config.train.patience \
+                        and epoch < epochs:
+                    stopped = "early_stop"
+                    say(f"early stopping: no better fitness in the last {config.train.patience} epochs (best: epoch {best_epoch})")
+    finally:
+        loader.close()
+    if stopped == "time_limit" and epoch >= epochs:
+        stopped = "completed"  # the limit struck on the very last batch
+    if stopped == "time_limit":
+        say(f"time limit of {config.train.time_limit_hours} h reached; stopped at step {steps}")
+    if stopped == "interrupted":
+        say(f"interrupted: saved {rd.last} (resume with the same command or --out {rd.path})")
+    if plots:
+        _final_plots(rd, model, ts, val_loader, names, device, dtype, config)
+    rd.event("end", stopped=stopped, steps=steps, epochs=epoch)
+    say(rd.summary())
+    return FitResult(rd.path, ts, epoch, steps, stopped, rd.best_row(), last_metrics)
+
+
+@torch.no_grad()
+def _final_plots(rd: RunDir, model: Model, ts: TrainState, val_loader: ValLoader, names, device, dtype, config) -> None:
+    """``results.png`` and one validation image's predictions beside its ground truth."""
+    from yolo_func.train.plots import plot_predictions, plot_results
+
+    if rd.results_path.is_file():
+        plot_results(rd.results_path, rd.path / "results.png")
+    vb = next(iter(val_loader), None)
+    if vb is None:
+        return
+    x = vb.images[:1].to(device).float() / 255
+    if dtype is not None:
+        with torch.autocast(device.type, dtype=dtype):
+            inf = model.predict(ts.ema.ema["params"], ts.ema.ema["state"], x)
+    else:
+        inf = model.predict(ts.ema.ema["params"], ts.ema.ema["state"], x)
+    inf = type(inf)(*(None if t is None else t.float() for t in inf))
+    kpt = tuple(config.model.kpt_shape) if model.task == "pose" else None
+    det = postprocess(inf, conf=0.25, iou=config.val.iou, max_det=config.val.max_det, kpt_shape=kpt)[0]
+    t = vb.targets
+    keep = t.valid[0]
+    plot_predictions(vb.images[0], t.boxes[0][keep], t.classes[0][keep], det.boxes.cpu(), det.classes.cpu(),
+                     det.scores.cpu(), names, rd.path / "val_predictions.png")
