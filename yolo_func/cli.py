@@ -88,7 +88,7 @@ def _train(args: argparse.Namespace) -> int:
 
     flags = {name: getattr(args, name) for name in FLAGS}
     overrides = list(args.overrides) + (["train.resume=true"] if args.resume else [])
-    config = build_config(args.model, flags=flags, overrides=overrides)
+    config = build_config(args.model, flags=flags, overrides=overrides, config_file=args.config)
     from yolo_func.train.fit import fit
 
     try:
@@ -116,6 +116,9 @@ def _add_train(sub) -> None:
     types = {"epochs": _positive_int, "batch": _positive_int, "imgsz": _image_size}
     for name, key in FLAGS.items():
         train.add_argument(f"--{name}", default=None, type=types.get(name, str), help=f"{help_of.get(name, '')} ({key})")
+    train.add_argument("--config", default=None, metavar="FILE",
+                       help="a .py file defining get_config() (e.g. a copy of a yolo_func/configs recipe) or a "
+                            "run's config.json, instead of --model")
     train.add_argument("--resume", action="store_true", help="resume the latest run of the task (train.resume=true)")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr0=0.02")
 

@@ -281,3 +281,30 @@ def test_parsing_either_gives_a_valid_value_or_a_message_naming_the_key(key, tex
         return
     value = _get(cfg, key)
     assert parse_value(key, info.type, format_value(value)) == value
+
+
+def test_config_file_py_and_json_then_flags_and_overrides(tmp_path):
+    """``--config``: a Python file with get_config() or a run's config.json replaces the recipe;
+    flags and overrides still apply on top; bad files are named."""
+    from yolo_func.configs import build_config, config_to_json, get_recipe, load_config_file
+
+    py = tmp_path / "my_recipe.py"
+    py.write_text("from yolo_func.configs import apply_overrides, get_recipe\n"
+                  "def get_config():\n    return apply_overrides(get_recipe('yolov8s-seg'), ['optim.lr0=0.02'])\n")
+    cfg = build_config(config_file=py, flags={"epochs": 3}, overrides=["optim.momentum=0.9"])
+    assert (cfg.model.scale, cfg.model.task) == ("s", "segment")
+    assert (cfg.optim.lr0, cfg.optim.momentum, cfg.train.epochs) == (0.02, 0.9, 3)
+    js = tmp_path / "config.json"
+    js.write_text(config_to_json(cfg))
+    assert load_config_file(js) == cfg
+    assert load_config_file(js) != get_recipe("yolov8s-seg")
+    with pytest.raises(ValueError, match="not both"):
+        build_config("yolov8n", config_file=py)
+    with pytest.raises(FileNotFoundError, match="missing.py"):
+        load_config_file(tmp_path / "missing.py")
+    (tmp_path / "c.yaml").write_text("a: 1")
+    with pytest.raises(ValueError, match=r"c\.yaml.*expected a \.py file"):
+        load_config_file(tmp_path / "c.yaml")
+    (tmp_path / "nothing.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match=r"nothing\.py' defines no get_config"):
+        load_config_file(tmp_path / "nothing.py")

@@ -37,7 +37,7 @@ from yolo_func.configs.overrides import (
     format_value,
     parse_value,
 )
-from yolo_func.configs.registry import FLAGS, RECIPES, build_config, default_config, get_recipe
+from yolo_func.configs.registry import FLAGS, RECIPES, build_config, default_config, get_recipe, load_config_file
 
 __all__ = [
     "Config",
@@ -58,6 +58,7 @@ __all__ = [
     "get_recipe",
     "default_config",
     "build_config",
+    "load_config_file",
     "apply_overrides",
     "parse_value",
     "format_value",

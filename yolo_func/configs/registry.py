@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
+import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from yolo_func.configs.base import SCALES, TASKS, Config, recipe_name
-from yolo_func.configs.overrides import apply_overrides
+from yolo_func.configs.overrides import apply_overrides, config_from_json
 
-__all__ = ["RECIPES", "FLAGS", "get_recipe", "default_config", "build_config"]
+__all__ = ["RECIPES", "FLAGS", "get_recipe", "default_config", "build_config", "load_config_file"]
 
 #: Recipe name -> the module whose ``get_config()`` builds it. Names are the reference's model
 #: names (``yolov8n``, ``yolov8n-seg``, ``yolov8n-pose``, ...) plus the two built-in defaults.
@@ -70,12 +73,49 @@ def default_config(device: str | None = None) -> Config:
     return apply_overrides(config, [f"train.device={device}"])
 
 
+def load_config_file(path: str | os.PathLike) -> Config:
+    """A config from a file: a Python file defining ``get_config() -> Config`` (a recipe module such
+    as ``yolo_func/configs/yolov8n_detect.py``, or your own copy of one) or a JSON config (a run's
+    ``config.json``).
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist (named).
+      ValueError: the file is neither (named, with what was expected), or ``get_config()`` did not
+        return a :class:`Config`.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"[yolo_func] config file '{p}' does not exist; pass a Python file with "
+                                "get_config() or a run's config.json")
+    if p.suffix == ".json":
+        return config_from_json(p.read_text(), source=str(p))
+    if p.suffix != ".py":
+        raise ValueError(f"[yolo_func] config file '{p}': expected a .py file defining get_config() or a .json "
+                         f"config, got a '{p.suffix or 'no'}' suffix")
+    spec = importlib.util.spec_from_file_location(f"_yolo_func_config_{p.stem}", p)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: say which one failed and why
+        raise ValueError(f"[yolo_func] config file '{p}' failed to run: {type(e).__name__}: {e}") from e
+    get = getattr(module, "get_config", None)
+    if not callable(get):
+        raise ValueError(f"[yolo_func] config file '{p}' defines no get_config(); define get_config() -> Config")
+    config = get()
+    if not isinstance(config, Config):
+        raise ValueError(f"[yolo_func] config file '{p}': get_config() returned {type(config).__name__}, not a Config")
+    return config
+
+
 def build_config(model: str | None = None, *, flags: Mapping[str, str | int | None] | None = None,
-                 overrides: Iterable[str] = ()) -> Config:
-    """The config a command line asks for: a recipe, then the flags, then ``key=value`` overrides.
+                 overrides: Iterable[str] = (), config_file: str | os.PathLike | None = None) -> Config:
+    """The config a command line asks for: a recipe (or a config file), then the flags, then
+    ``key=value`` overrides.
 
     Args:
       model: a recipe name (``--model``); None: :func:`default_config` for the ``device`` flag.
+      config_file: ``--config``: a ``.py`` file with ``get_config()`` or a ``.json`` config
+        (:func:`load_config_file`); used instead of the recipe (giving both is an error).
       flags: ``{flag: value}`` for the names in :data:`FLAGS`; None values are not given.
       overrides: ``["optim.lr0=0.02", ...]``, applied last.
 
@@ -91,6 +131,13 @@ def build_config(model: str | None = None, *, flags: Mapping[str, str | int | No
         close = difflib.get_close_matches(unknown[0], list(FLAGS), n=1, cutoff=0.6)
         hint = f"; did you mean '--{close[0]}'?" if close else f"; known flags: {', '.join('--' + f for f in FLAGS)}"
         raise ValueError(f"[yolo_func] unknown flag '--{unknown[0]}'{hint}")
-    config = get_recipe(model) if model is not None else default_config(str(flags["device"]) if "device" in flags else None)
+    if config_file is not None and model is not None:
+        raise ValueError(f"[yolo_func] give a recipe (--model {model}) or a config file (--config {config_file}), not both")
+    if config_file is not None:
+        config = load_config_file(config_file)
+    elif model is not None:
+        config = get_recipe(model)
+    else:
+        config = default_config(str(flags["device"]) if "device" in flags else None)
     config = apply_overrides(config, [f"{FLAGS[k]}={v}" for k, v in flags.items()])
     return apply_overrides(config, list(overrides))
