@@ -221,7 +221,7 @@ def _metadata(root: PickledObject, ckpt: Any, where: str) -> dict[str, Any]:
         head = _module_dict(layers["_modules"][str(HEAD_LAYER)], f"{where}.model.{HEAD_LAYER}")
         kpt = _kpt_shape(head.get("kpt_shape"))
     except (KeyError, AttributeError, TypeError, ValueError):
-        pass
+        kpt = None  # no readable head metadata (a stripped or foreign layout): the model's copies below
     kpt = kpt or _kpt_shape(attrs.get("kpt_shape")) or _kpt_shape((yaml or {}).get("kpt_shape"))
     task = attrs.get("task")
     if not isinstance(task, str):

@@ -65,8 +65,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
             os.fsync(dfd)
         finally:
             os.close(dfd)
-    except OSError:
-        pass
+    except OSError:  # some file systems cannot fsync a directory; the rename itself has happened
+        return path
     return path
 
 
