@@ -229,3 +229,21 @@ def test_pose_flip_index_comes_from_the_dataset_or_coco():
     coco = ellipse_dataset(4, "pose", keypoints=17)
     coco.flip_index = None
     assert TrainLoader(coco, batch_size=2, image_size=64, workers=0).config.flip_index == COCO_FLIP_INDEX
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_start_batch_yields_the_rest_of_the_epoch_then_whole_epochs(workers):
+    """``set_epoch(e, start_batch=k)`` (a mid-epoch resume) yields batches k.. of epoch e, equal to
+    an uninterrupted run's, then the next epoch from its first batch; bad ``start_batch`` names
+    the range."""
+    ds = ellipse_dataset(12, "detect")
+    full = TrainLoader(ds, batch_size=3, image_size=64, workers=0, seed=5)
+    e0, e1 = _epoch(full), _epoch(full)  # 4 batches each
+    loader = TrainLoader(ds, batch_size=3, image_size=64, workers=workers, seed=5)
+    loader.set_epoch(0, start_batch=2)
+    assert_trees_all_equal(_epoch(loader), e0[2:], strict=True)
+    assert loader.epoch == 1
+    assert_trees_all_equal(_epoch(loader), e1, strict=True)
+    with pytest.raises(ValueError, match=r"start_batch must be in \[0, 4\), got 4"):
+        loader.set_epoch(0, start_batch=4)
+    loader.close()

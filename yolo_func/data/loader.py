@@ -171,6 +171,7 @@ class _Epoch:
 
     def __init__(self) -> None:
         self.value = 0
+        self.start = 0  # the first batch of epoch ``value`` to yield (a resumed run skips the rest)
 
 
 class _EpochSampler(Sampler):
@@ -181,13 +182,13 @@ class _EpochSampler(Sampler):
         self.epoch, self.n_batches, self.endless = epoch, n_batches, endless
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        e = self.epoch.value
+        e, first = self.epoch.value, self.epoch.start
         while True:
-            for b in range(self.n_batches):
+            for b in range(first, self.n_batches):
                 yield e, b
             if not self.endless:
                 return
-            e += 1
+            e, first = e + 1, 0
 
     def __len__(self) -> int:
         return self.n_batches
@@ -290,9 +291,19 @@ class TrainLoader:
         """The epoch the next iteration yields."""
         return self._epoch.value
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration yield ``epoch`` (its permutation, its augmentations)."""
-        self._epoch.value = int(epoch)
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Make the next iteration yield ``epoch`` (its permutation, its augmentations), from its
+        batch ``start_batch`` on: a run resumed mid-epoch gets the batches an uninterrupted run
+        would see next, and nothing is loaded for the ones before (a batch is a pure function of
+        ``(seed, epoch, batch index)``).
+
+        Raises:
+          ValueError: ``start_batch`` outside ``[0, len(self))``.
+        """
+        if not 0 <= int(start_batch) < max(len(self), 1):
+            raise ValueError(f"[yolo_func] TrainLoader.set_epoch: start_batch must be in [0, {len(self)}), "
+                             f"got {start_batch}")
+        self._epoch.value, self._epoch.start = int(epoch), int(start_batch)
 
     def close(self) -> None:
         """Stop the worker processes now (they also stop when the loader is deleted)."""
@@ -303,10 +314,10 @@ class TrainLoader:
         return len(self._batches)
 
     def __iter__(self) -> Iterator[Batch]:
-        n = len(self)
-        if self._it is None or self._it_epoch != self.epoch or self._pos != 0:
-            # first use, set_epoch() to another epoch, or an epoch left half-way: restart there
-            self._it, self._it_epoch, self._pos = iter(self._loader), self.epoch, 0
+        n, start = len(self), self._epoch.start
+        if self._it is None or self._it_epoch != self.epoch or self._pos != start:
+            # first use, set_epoch() to another epoch or batch, or an epoch left half-way: restart there
+            self._it, self._it_epoch, self._pos = iter(self._loader), self.epoch, start
         while self._pos < n:
             batch, new = next(self._it)
             self._pos += 1
@@ -315,6 +326,7 @@ class TrainLoader:
         self._pos = 0
         self._it_epoch += 1
         self._epoch.value += 1
+        self._epoch.start = 0
 
 
 def _cache_on(cache: bool | str | None) -> bool:

@@ -15,9 +15,9 @@ step finishes, ``last.pt`` is saved at the exact data position, ``FitResult.stop
 :class:`KeyboardInterrupt` after a step (same as Ctrl-C).
 
 Resume: a run folder holding ``weights/last.pt`` (``train.out``, or ``train.resume``) continues
-from its :class:`~yolo_func.train.DataPosition`: the loader is set to the epoch and the batches of
-it already trained are skipped (they are loaded and dropped: the loader has no random access to a
-batch), so a resumed run sees the batches an uninterrupted one would and ends with a bitwise equal
+from its :class:`~yolo_func.train.DataPosition`: the loader is set to the epoch and the batch after
+the last one trained (``TrainLoader.set_epoch(epoch, start_batch=)``; nothing is loaded for the
+batches before), so a resumed run sees the batches an uninterrupted one would and ends with a bitwise equal
 :class:`~yolo_func.train.TrainState` (on the CPU; tested).
 
 Host syncs: none per step. Metrics are fetched (one sync, :func:`yolo_func.train.metrics.fetch_metrics`)
@@ -568,16 +568,14 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     try:
         with _Interrupt() as interrupt:
             while epoch < epochs and stopped == "completed":
-                loader.set_epoch(epoch)
+                loader.set_epoch(epoch, start_batch=start_batch)  # resumed mid-epoch: from the next batch
                 sums = torch.zeros(len(parts_keys), dtype=torch.float64, device=device)
                 count = 0
                 bar = tqdm(total=nb, initial=start_batch, desc=f"epoch {epoch + 1}/{epochs}", leave=True,
                            disable=not progress, dynamic_ncols=True, file=sys.stderr)
                 t_epoch, imgs_epoch, shown = time.monotonic(), 0, {}
                 b = -1
-                for b, host_batch in enumerate(loader):
-                    if b < start_batch:
-                        continue  # resumed mid-epoch: these batches were trained before the interruption
+                for b, host_batch in enumerate(loader, start=start_batch):
                     if plots and epoch == 0 and b == 0:
                         from yolo_func.train.plots import plot_batch
                         plot_batch(host_batch.images, host_batch.targets, names, rd.path / "train_batch0.png")
