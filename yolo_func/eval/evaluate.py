@@ -24,6 +24,7 @@ The default is ``replay=False`` until the replayed path has run on a GPU (its te
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -346,6 +347,8 @@ def evaluate_with_records(
     coco_ev = CocoEvaluator(gt, category_ids=category_ids, verbose=verbose)
     internal = MetricAccumulator()
     params, state = T.tree_to(params, dev), T.tree_to(state, dev)
+    # never more loader processes than cores (torch warns, and they would only contend)
+    workers = max(0, min(int(workers), os.cpu_count() or 1))
     loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task)
     amp = torch.bfloat16 if dev.type == "cuda" else None
     from yolo_func.func import autocast
@@ -426,7 +429,7 @@ def evaluate(
       class_map: dataset class index of each model class (default: class i -> dataset class i, then
         the model and the dataset must have the same number of classes).
       kpt_shape: (P, D) of a pose model (default: the dataset's, else from the head's channels).
-      workers: loader worker processes (0: load in this process).
+      workers: loader worker processes (0: load in this process; at most the number of cores).
       progress: show a tqdm progress bar on stderr.
       verbose: print the pycocotools table.
       replay: on CUDA, replay forward + decode + NMS as CUDA graphs (:class:`ValReplay`; detect and
