@@ -19,7 +19,8 @@ from yolo_func.train import init_train_state, yolo_sgd
 from yolo_func.train.metrics import fetch_metrics
 from yolo_func.train.replay import ReplayTrainStep
 
-pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("error::yolo_func.train.replay.CaptureFallbackWarning")]
+pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("error::yolo_func.train.replay.CaptureFallbackWarning"),
+              pytest.mark.usefixtures("no_cudnn_benchmark")]
 
 TASK, BATCH, SIZE = "segment", 2, 128
 NAN_AT = 2  # steps 0, 1 train; step 2 sees the NaN pixel; step 3 trains again
@@ -31,14 +32,6 @@ OPTIMIZERS = {
     "multi_steps1": lambda: multi_steps(sgd(0.01, 0.9, nesterov=True), every=1),
     "multi_steps4": lambda: multi_steps(sgd(0.01, 0.9, nesterov=True), every=4),
 }
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    old = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = False
-    yield
-    torch.backends.cudnn.benchmark = old
 
 
 def _batches(model):

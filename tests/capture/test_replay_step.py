@@ -24,7 +24,8 @@ from yolo_func.testing.synthetic import synthetic_batch
 from yolo_func.train import init_train_state
 from yolo_func.train.replay import CaptureFallbackWarning, ReplayTrainStep
 
-pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("error::yolo_func.train.replay.CaptureFallbackWarning")]
+pytestmark = [pytest.mark.cuda, pytest.mark.filterwarnings("error::yolo_func.train.replay.CaptureFallbackWarning"),
+              pytest.mark.usefixtures("no_cudnn_benchmark")]
 
 STEPS = 20
 SIZE = 256
@@ -84,14 +85,6 @@ def _compare(eager, replay, what, *, captures):
             _assert_equal(ts_r, ts_e, f"{what}: TrainState after step {i}")
             _assert_equal(m_r, m_e, f"{what}: metrics of step {i}")
     assert made.count == captures, f"{what}: {made.count} captures, expected {captures}"
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    old = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = False
-    yield
-    torch.backends.cudnn.benchmark = old
 
 
 @pytest.mark.parametrize("task", ["detect", "segment", "pose"])

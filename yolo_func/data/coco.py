@@ -50,7 +50,7 @@ from pycocotools.coco import COCO
 
 from yolo_func.data.images import check_image, read_image
 from yolo_func.data.polygons import segmentation_to_polygon
-from yolo_func.data.sample import Sample
+from yolo_func.data.sample import Sample, dataset_index
 
 __all__ = ["CocoDataset", "TASKS", "flip_index_from_names", "segmentations_to_masks", "warn_skipped"]
 
@@ -458,9 +458,7 @@ class CocoDataset:
           IndexError: ``index`` out of range.
           ValueError: the image cannot be read or decoded, naming the file.
         """
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"[yolo_func] index {index} out of range for a dataset of {len(self)} images")
-        index = index % len(self)
+        index = dataset_index(index, len(self))
         img = self._images[index]
         boxes, classes, keypoints, segms = self._targets[index]
         image = self.read_image(index)

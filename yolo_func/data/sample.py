@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Sample"]
+__all__ = ["Sample", "dataset_index"]
 
 
 class Sample(NamedTuple):
@@ -34,3 +34,15 @@ class Sample(NamedTuple):
     keypoints: np.ndarray | None
     image_id: int
     file_name: str
+
+
+def dataset_index(index: int, size: int) -> int:
+    """``index`` as a position in ``[0, size)``, Python-style negatives allowed (every dataset's
+    ``__getitem__`` rule).
+
+    Raises:
+      IndexError: ``index`` outside ``[-size, size)``.
+    """
+    if not -size <= index < size:
+        raise IndexError(f"[yolo_func] index {index} out of range for a dataset of {size} images")
+    return index % size

@@ -53,7 +53,7 @@ import yaml
 from yolo_func.data.coco import CocoDataset, check_task, segmentations_to_masks, warn_skipped
 from yolo_func.data.images import check_image, read_image
 from yolo_func.data.polygons import segmentation_to_polygon
-from yolo_func.data.sample import Sample
+from yolo_func.data.sample import Sample, dataset_index
 
 __all__ = ["YoloDataset", "write_yolo_dataset", "IMAGE_SUFFIXES"]
 
@@ -373,9 +373,7 @@ class YoloDataset:
           IndexError: ``index`` out of range.
           ValueError: the image cannot be read or decoded, naming the file.
         """
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"[yolo_func] index {index} out of range for a dataset of {len(self)} images")
-        index = index % len(self)
+        index = dataset_index(index, len(self))
         image = self.read_image(index)
         h, w = image.shape[:2]
         boxes, classes, keypoints = self.labels(index, (h, w))
