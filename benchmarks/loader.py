@@ -72,6 +72,13 @@ class Repeat:
     def __getitem__(self, i: int) -> Sample:
         return self.ds[i % len(self.ds)]
 
+    def __getattr__(self, name: str):
+        # forwards the dataset's optional fast paths (CocoDataset.sample_with_mask_crops) with the index wrapped
+        attr = getattr(self.ds, name)
+        if name == "sample_with_mask_crops":
+            return lambda i: attr(i % len(self.ds))
+        return attr
+
 
 class _CocoFallback:
     """Minimal pycocotools reader (only when this checkout has no yolo_func.data.CocoDataset)."""

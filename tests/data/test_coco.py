@@ -17,7 +17,8 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 from yolo_func.data import CocoDataset, Sample
-from yolo_func.data.coco import flip_index_from_names
+from yolo_func.data.augment import RoiMasks
+from yolo_func.data.coco import flip_index_from_names, segmentations_to_mask_crops, segmentations_to_masks
 from yolo_func.data.images import check_image, decode_image, image_size, read_image
 
 COCO_FLIP = [0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15]
@@ -199,6 +200,36 @@ def _mini_json(tmp_path: Path, *, images=None, annotations=(), categories=None, 
     return path
 
 
+def _assert_crops_equal(got, segms, h, w):
+    want = RoiMasks.from_dense(segmentations_to_masks(segms, h, w))
+    np.testing.assert_array_equal(got[0], want.offsets)
+    assert len(got[1]) == len(want.crops)
+    for a, b in zip(got[1], want.crops):
+        assert a.flags.c_contiguous and a.dtype == np.uint8
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mask_crops_equal_cropped_dense_masks(tiny):
+    """The loader's fast path (crops cut from the decoded RLEs) equals cropping the annToMask masks."""
+    ds = CocoDataset(*tiny, task="segment")
+    for i in range(len(ds)):
+        s, crops = ds.sample_with_mask_crops(i)
+        full = ds[i]
+        assert s.masks is None and s.image_id == full.image_id
+        np.testing.assert_array_equal(s.image, full.image)
+        np.testing.assert_array_equal(s.boxes, full.boxes)
+        _assert_crops_equal(crops, ds.segmentations(i), *full.image.shape[:2])
+
+
+@given(polys=st.lists(st.lists(st.tuples(st.floats(-5, 45), st.floats(-5, 35)), min_size=3, max_size=7),
+                      min_size=0, max_size=4))
+def test_mask_crops_of_random_polygons(polys):
+    """Polygons partly outside the image, degenerate ones (empty masks) and overlaps included."""
+    h, w = 30, 40
+    segms = [[[c for xy in poly for c in xy]] for poly in polys]
+    _assert_crops_equal(segmentations_to_mask_crops(segms, h, w), segms, h, w)
+
+
 def test_rle_annotations_equal_ann_to_mask(tmp_path):
     h, w = 24, 32
     m = np.zeros((h, w), np.uint8)
@@ -226,6 +257,7 @@ def test_rle_annotations_equal_ann_to_mask(tmp_path):
     for k, ann_id in enumerate([1, 2, 3]):
         np.testing.assert_array_equal(s.masks[k], coco.annToMask(coco.anns[ann_id]))
     np.testing.assert_array_equal(s.masks[0], m)
+    _assert_crops_equal(ds.sample_with_mask_crops(0)[1], ds.segmentations(0), h, w)
 
 
 # ---------------------------------------------------------------------- image formats

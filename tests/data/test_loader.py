@@ -163,6 +163,41 @@ def test_coco_tiny_through_the_loader(shared_data):
                     assert ys.min() * 4 >= math.floor(y1) - 4 and (ys.max() + 1) * 4 <= math.ceil(y2) + 4
 
 
+class _DenseOnly:
+    """A dataset seen only through ``len`` and ``[i]`` (hides CocoDataset's mask-crop fast path)."""
+
+    def __init__(self, ds):
+        self.ds, self.task, self.names = ds, ds.task, ds.names
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[i]
+
+
+def test_coco_mask_crop_fast_path_gives_the_same_batches(shared_data):
+    from yolo_func.data import CocoDataset
+
+    ds = CocoDataset(shared_data / "coco-tiny" / "annotations.json", shared_data / "coco-tiny" / "images",
+                     task="segment")
+    fast = TrainLoader(ds, batch_size=4, image_size=128, workers=0, seed=5)
+    dense = TrainLoader(_DenseOnly(ds), batch_size=4, image_size=128, workers=0, seed=5)
+    a, b = _epoch(fast)[:3], _epoch(dense)[:3]
+    assert_trees_all_equal(a, b, strict=True)
+    assert all(int(x.targets.masks.max()) > 0 for x in a)
+
+
+def test_batch_images_are_nhwc_in_memory_and_equal_to_the_records():
+    """images: [B, 3, H, W] with channels_last strides (no transpose on the host)."""
+    ds = ellipse_dataset(6, "detect")
+    batch = next(iter(TrainLoader(ds, batch_size=3, image_size=64, workers=0, seed=0)))
+    assert batch.images.shape == (3, 3, 64, 64) and batch.images.dtype == torch.uint8
+    assert batch.images.is_contiguous(memory_format=torch.channels_last)
+    nchw = batch.images.contiguous()
+    assert torch.equal(nchw, batch.images) and torch.equal(nchw.permute(0, 2, 3, 1), batch.images.permute(0, 2, 3, 1))
+
+
 @pytest.mark.cuda
 def test_pinned_batches_reach_the_device_unchanged():
     ds = ellipse_dataset(8, "segment")
@@ -170,8 +205,10 @@ def test_pinned_batches_reach_the_device_unchanged():
     plain = _epoch(TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=0, pin_memory=False))
     for a, b in zip(pinned, plain):
         assert a.images.is_pinned() and a.targets.boxes.is_pinned() and a.targets.masks.is_pinned()
+        assert a.images.is_contiguous(memory_format=torch.channels_last)  # pinning keeps the NHWC layout
         dev = a.images.to("cuda", non_blocking=True)
         torch.cuda.synchronize()
+        assert dev.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(dev.cpu(), b.images)
     assert_trees_all_equal(pinned, plain)
 

@@ -52,7 +52,8 @@ from yolo_func.data.images import check_image, read_image
 from yolo_func.data.polygons import segmentation_to_polygon
 from yolo_func.data.sample import Sample, dataset_index
 
-__all__ = ["CocoDataset", "TASKS", "flip_index_from_names", "segmentations_to_masks", "warn_skipped"]
+__all__ = ["CocoDataset", "TASKS", "flip_index_from_names", "segmentations_to_mask_crops", "segmentations_to_masks",
+           "warn_skipped"]
 
 #: The tasks every dataset accepts.
 TASKS = ("detect", "segment", "pose")
@@ -115,13 +116,49 @@ def segmentations_to_masks(segmentations: Sequence, height: int, width: int) -> 
     """
     if not segmentations:
         return np.zeros((0, height, width), np.uint8)
+    return np.ascontiguousarray(mask_utils.decode(_rles(segmentations, height, width)).transpose(2, 0, 1))
+
+
+def _rles(segmentations: Sequence, height: int, width: int) -> list:
     rles = []
     for segm in segmentations:
         if isinstance(segm, dict):
             rles.append(mask_utils.frPyObjects(segm, height, width) if isinstance(segm["counts"], list) else segm)
         else:
             rles.append(mask_utils.merge(mask_utils.frPyObjects([list(p) for p in segm], height, width)))
-    return np.ascontiguousarray(mask_utils.decode(rles).transpose(2, 0, 1))
+    return rles
+
+
+def segmentations_to_mask_crops(segmentations: Sequence, height: int,
+                                width: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The masks of :func:`segmentations_to_masks` as tight crops, without the full-size copies.
+
+    The training loader only needs each mask inside its pixel bounding box; cropping the decoded
+    (column-major) masks before making them C-contiguous avoids the full ``[N, H, W]`` transpose.
+
+    Args:
+      segmentations, height, width: as :func:`segmentations_to_masks`.
+
+    Returns:
+      ``(offsets int64[N, 2] (x0, y0), crops)`` with ``crops[i]`` uint8[h_i, w_i] 0/1, tight around
+      the mask's pixels (a 0x0 crop at (0, 0) for an empty mask): equal to
+      ``yolo_func.data.augment.RoiMasks.from_dense(segmentations_to_masks(...))``.
+    """
+    n = len(segmentations)
+    offsets = np.zeros((n, 2), np.int64)
+    if not n:
+        return offsets, ()
+    rles = _rles(segmentations, height, width)
+    boxes = mask_utils.toBbox(rles).astype(np.int64)  # x, y, w, h of the pixels (exact for RLEs)
+    by_column = mask_utils.decode(rles).T  # uint8[N, W, H] C-contiguous view of the Fortran [H, W, N]
+    crops = []
+    for i, (x, y, w, h) in enumerate(boxes):
+        if w <= 0 or h <= 0:
+            crops.append(np.zeros((0, 0), np.uint8))
+            continue
+        offsets[i] = (x, y)
+        crops.append(np.ascontiguousarray(by_column[i, x:x + w, y:y + h].T))
+    return offsets, tuple(crops)
 
 
 def _polygon_ok(part) -> bool:
@@ -469,6 +506,23 @@ class CocoDataset:
         return Sample(image=image, boxes=boxes.copy(), classes=classes.copy(), masks=masks,
                       keypoints=None if keypoints is None else keypoints.copy(),
                       image_id=int(img["id"]), file_name=str(img["file_name"]))
+
+    def sample_with_mask_crops(self, index: int) -> tuple[Sample, tuple[np.ndarray, tuple[np.ndarray, ...]] | None]:
+        """``self[index]`` with ``masks=None`` plus, for segmentation, the masks as tight crops
+        (:func:`segmentations_to_mask_crops`): what the training loader reads, without rasterising
+        full-size masks only to crop them.
+
+        Returns:
+          ``(sample, (offsets int64[N, 2], crops) | None)``.
+        """
+        index = dataset_index(index, len(self))
+        img = self._images[index]
+        boxes, classes, keypoints, segms = self._targets[index]
+        image = self.read_image(index)
+        crops = segmentations_to_mask_crops(segms, *image.shape[:2]) if self.task == "segment" else None
+        return Sample(image=image, boxes=boxes.copy(), classes=classes.copy(), masks=None,
+                      keypoints=None if keypoints is None else keypoints.copy(),
+                      image_id=int(img["id"]), file_name=str(img["file_name"])), crops
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

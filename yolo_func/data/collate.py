@@ -1,6 +1,11 @@
 """Collation: augmented records in, the static-shape :class:`yolo_func.structures.Batch` out.
 
-Images stay uint8 until the device (the step divides by 255). Targets are padded to a bucketed
+Images stay uint8 until the device (the step divides by 255) and are laid out NHWC in memory
+(``images`` is a ``[B, 3, H, W]`` view with ``channels_last`` strides): the augmented records are
+HWC, the network runs channels_last on CUDA, so no transpose is made on the host or the device
+(``images.contiguous()`` gives NCHW memory). In a DataLoader worker the big arrays are allocated in
+shared memory, as torch's ``default_collate`` does, so handing a batch to the main process copies
+nothing. Targets are padded to a bucketed
 ``M`` (:func:`yolo_func.structures.targets.bucket_size`) so shapes repeat across steps; segment
 masks become the overlap map at ``H/4`` (REFERENCE.md §2.6: each image's instances reordered by
 descending mask area, ``j + 1`` = slot ``j``); pose keypoints stay in pixels.
@@ -11,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import cv2
+import math
+
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from yolo_func.data.augment import Annotated, overlap_map
 from yolo_func.structures.records import Batch, Targets
@@ -61,6 +68,18 @@ def format_record(rec: Annotated, *, mask_ratio: int = 4) -> Formatted:
     return Formatted(rec.image, boxes.astype(np.float32, copy=False), classes.astype(np.int64, copy=False), masks, kpts)
 
 
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialised ``dtype[shape]``; in a DataLoader worker in shared memory (sending it to the main
+    process then copies nothing; ``share_memory_()`` on a finished tensor would copy it)."""
+    if get_worker_info() is not None:
+        try:  # what torch.utils.data.default_collate does
+            storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
+            return torch.empty(0, dtype=dtype).new(storage).view(shape)
+        except (AttributeError, RuntimeError):  # a torch without the private helper: a plain tensor
+            pass
+    return torch.empty(shape, dtype=dtype)
+
+
 def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batch:
     """Stack formatted records into a :class:`Batch` with static shapes.
 
@@ -73,7 +92,7 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
       max_boxes: fixed M; default ``bucket_size`` of the largest count.
 
     Returns:
-      ``Batch(images uint8[B, 3, H, W], Targets(boxes float32[B, M, 4], classes int64[B, M],
+      ``Batch(images uint8[B, 3, H, W] (channels_last memory), Targets(boxes float32[B, M, 4], classes int64[B, M],
       valid bool[B, M], masks int64[B, H/r, W/r] | None, keypoints float32[B, M, P, 3] | None))``.
 
     Raises:
@@ -83,7 +102,8 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
     if B == 0:
         raise ValueError("[yolo_func] collate: items is empty; expected at least one record")
     H, W = items[0].image.shape[:2]
-    images = np.empty((B, 3, H, W), np.uint8)
+    images_t = _empty((B, H, W, 3), torch.uint8)
+    images = images_t.numpy()
     counts = [len(it.boxes) for it in items]
     if max_boxes is None:
         M = bucket_size(max(counts))
@@ -96,13 +116,14 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
     classes = np.zeros((B, M), np.int64)
     has_masks = items[0].masks is not None
     has_kpts = items[0].keypoints is not None
-    masks = np.zeros((B, *items[0].masks.shape), np.int64) if has_masks else None
+    masks_t = _empty((B, *items[0].masks.shape), torch.int64) if has_masks else None
+    masks = masks_t.numpy() if has_masks else None
     kpts = np.zeros((B, M, *items[0].keypoints.shape[1:]), np.float32) if has_kpts else None
     for i, it in enumerate(items):
         if it.image.shape[:2] != (H, W):
             raise ValueError(f"[yolo_func] collate: items[{i}].image is {it.image.shape[:2]}, expected {(H, W)}; "
                              "every image of a batch must have the same size")
-        cv2.split(it.image, [images[i, 0], images[i, 1], images[i, 2]])  # HWC -> CHW into place, no temporaries
+        images[i] = it.image  # HWC as augmented (NHWC memory; see the module docstring)
         n = counts[i]
         boxes[i, :n] = it.boxes
         classes[i, :n] = it.classes
@@ -117,6 +138,6 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
     if has_kpts:
         kpts = np.where(valid[..., None, None], kpts, 0).astype(np.float32)
     targets = Targets(torch.from_numpy(boxes), torch.from_numpy(classes), torch.from_numpy(valid),
-                      torch.from_numpy(masks) if has_masks else None,
+                      masks_t if has_masks else None,
                       torch.from_numpy(kpts) if has_kpts else None)
-    return Batch(torch.from_numpy(images), targets)
+    return Batch(images_t.permute(0, 3, 1, 2), targets)

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Sampler
 from yolo_func.data.augment import (
     PAD_VALUE,
     Annotated,
+    RoiMasks,
     AugmentConfig,
     annotated_from_sample,
     augment,
@@ -77,9 +78,16 @@ class _Source:
 
     def read(self, index: int) -> Annotated:
         """Decode and resize one record; raises what the dataset raises."""
-        s = self.dataset[index]
-        rec = annotated_from_sample(s._replace(masks=s.masks if self.task == "segment" else None,
-                                               keypoints=s.keypoints if self.task == "pose" else None))
+        crops_of = getattr(self.dataset, "sample_with_mask_crops", None)
+        if self.task == "segment" and crops_of is not None:  # a CocoDataset: masks cropped as decoded
+            s, crops = crops_of(index)
+            rec = annotated_from_sample(s._replace(keypoints=None))
+            if crops is not None:
+                rec = rec._replace(masks=RoiMasks(*crops))
+        else:
+            s = self.dataset[index]
+            rec = annotated_from_sample(s._replace(masks=s.masks if self.task == "segment" else None,
+                                                   keypoints=s.keypoints if self.task == "pose" else None))
         if self.task == "segment" and rec.masks is None:
             raise ValueError(f"[yolo_func] {s.file_name!r}: task 'segment' needs masks but the sample has none")
         if self.task == "pose" and rec.keypoints is None:

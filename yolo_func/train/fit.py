@@ -394,8 +394,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
 
 
 def _to_device(batch: Batch, device: torch.device) -> Batch:
-    if device.type == "cpu":
-        return batch
+    if device.type == "cpu":  # NCHW memory on the CPU (the loader's is NHWC: the CUDA network's layout)
+        return batch._replace(images=batch.images.contiguous())
     t = batch.targets
     return Batch(batch.images.to(device, non_blocking=True),
                  Targets(*(None if v is None else v.to(device, non_blocking=True) for v in t)))
