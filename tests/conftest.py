@@ -23,7 +23,8 @@ settings.register_profile("dev", deadline=None, max_examples=50, suppress_health
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 #: The shared data folder (small COCO subsets); tests that need it skip when it is absent.
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+#: ``$YOLO_FUNC_SHARED_DATA`` overrides it (the GPU machine gets a copy inside the checkout).
+SHARED_DATA = Path(os.environ.get("YOLO_FUNC_SHARED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 #: Tolerances in one place (GPU kernels differ from CPU ones in the last bits).
 TOL = {"cpu": dict(rtol=1e-5, atol=1e-6), "cuda": dict(rtol=1e-4, atol=1e-4)}

@@ -43,6 +43,14 @@ def test_flags_and_overrides_build_the_config(captured):
     assert got == ("s", "segment", "/data/coco", 3, 8, 320, "cpu", "/tmp/x", 0.02, 0.5, True)
 
 
+def test_overrides_between_and_after_flags(captured, capsys):
+    assert main(["train", "optim.lr0=0.02", "--epochs", "3", "data.workers=0", "--out", "/tmp/x", "train.seed=4"]) == 0
+    (cfg,) = captured
+    assert (cfg.optim.lr0, cfg.train.epochs, cfg.data.workers, cfg.train.out, cfg.train.seed) == (0.02, 3, 0, "/tmp/x", 4)
+    assert main(["train", "--epochs", "3", "--bogus"]) == 2  # an unknown flag is still a usage error
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["optim.lrr=0.1"], "error: [yolo_func] unknown config key 'optim.lrr'; did you mean 'optim.lr0'?"),
     (["mosiac=0.5"], "error: [yolo_func] unknown config key 'mosiac'; did you mean 'data.augment.mosaic'?"),

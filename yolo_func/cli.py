@@ -148,7 +148,13 @@ def main(argv: list[str] | None = None) -> int:
 
     eval_handlers = add_eval_commands(sub, _image_size, _positive_int)
     try:
-        args = parser.parse_args(argv)
+        # parse_known_args: ``key=value`` overrides may come before, between or after the flags
+        # (``train optim.lr0=0.02 --epochs 3 data.workers=0``); argparse alone takes one run of them.
+        args, extra = parser.parse_known_args(argv)
+        if args.command == "train" and all("=" in t and not t.startswith("-") for t in extra):
+            args.overrides = [*args.overrides, *extra]
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # usage errors (2) and --help (0): return the status instead of exiting
         return e.code if isinstance(e.code, int) else 2
     if args.command is None:
