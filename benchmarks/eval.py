@@ -15,7 +15,8 @@ initialisation), ``YOLO.save`` writes a ``.pt`` (fp16 storage, as every referenc
 reference reloads it with ``YOLO(path)`` and we load the same file with
 :func:`yolo_func.io.load_reference_model`. Without it: our own initialisation (the same
 distribution, bit for bit under the same seed), saved in the reference layout and loaded the same
-way. ``--weights PATH ...`` uses given reference ``.pt`` files instead (their task from the file).
+way. ``--weights PATH ...`` uses given reference ``.pt`` files instead (the tasks of both parts
+are then those of the files; ``--cls-bias`` does not apply).
 
 ``--cls-bias``: which weights per task. ``stock`` keeps the default initialisation; its class
 scores are ~1e-4, below conf 0.001 everywhere, so validation has **no detection at all** (the rows
@@ -466,6 +467,8 @@ def main() -> int:
                 meta["weights"][f"{task}/{Path(w).name}"] = f"given: {w}"
             except Exception as e:  # noqa: BLE001
                 emit(dict(part="weights", weights=w, error=f"{type(e).__name__}: {e}"))
+        given = sorted({k[0] for k in weights})  # the tasks come from the files
+        args.post_tasks, args.val_tasks = given, [t for t in given if t in YAMLS]
     else:
         tasks = sorted(set(args.val_tasks if "val" in args.parts else []) | set(args.post_tasks if "post" in args.parts else []))
         for task in tasks:
