@@ -241,6 +241,8 @@ def _values(info) -> st.SearchStrategy:
                           exclude_max=meta["lt"] is not None and meta["le"] is None, allow_nan=False)
     elif info.key == "train.device":
         inner = st.sampled_from(["auto", "cpu", "cuda", "cuda:0", "cuda:3"])
+    elif tp is str and meta["pattern"] is not None:  # e.g. train.name: no "/" or spaces
+        inner = st.from_regex(r"[A-Za-z0-9_.+-]{1,22}", fullmatch=True).filter(meta["pattern"].match)
     elif tp is str:
         inner = st.from_regex(r"[A-Za-z0-9_.+-][A-Za-z0-9_./+ -]{0,20}[A-Za-z0-9_.+-]", fullmatch=True)
     else:

@@ -71,7 +71,13 @@ def test_fit_writes_the_run_folder(tmp_path, data):
         assert all(v != "" for v in r.values()), r
         assert float(r["fitness"]) == float(r["box/mAP50-95"])
     kinds = [json.loads(line)["event"] for line in (out / "events.jsonl").read_text().splitlines()]
-    assert kinds == ["start", "epoch", "checkpoint", "epoch", "checkpoint", "end"]
+    # the background pycocotools evaluations (val.coco auto: built-in data) log "coco" when they end: after
+    # their epoch's "epoch" event, before "end"
+    assert [k for k in kinds if k != "coco"] == ["start", "epoch", "checkpoint", "epoch", "checkpoint", "end"]
+    epoch_at = [i for i, k in enumerate(kinds) if k == "epoch"]
+    coco_at = [i for i, k in enumerate(kinds) if k == "coco"]
+    assert len(coco_at) == 2 and epoch_at[0] < coco_at[0] and epoch_at[1] < coco_at[1] < len(kinds) - 1
+    assert (out / "coco.csv").is_file()
     # last.pt holds the final state and the position of the next epoch
     ck = load_training_checkpoint(out / "weights" / "last.pt", result.train_state)
     assert ck.position == DataPosition(2, 0, 0)

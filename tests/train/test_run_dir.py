@@ -336,3 +336,62 @@ def test_cuda_train_state_and_generators_round_trip(tmp_path):
     restore_rng(ck.rng, {"augment": gen})
     got = (torch.rand(4, generator=gen, device=dev), torch.rand(4, device=dev))
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_coco_csv_appends_from_threads_and_is_truncated_on_resume(tmp_path):
+    import csv
+    import threading
+
+    from yolo_func.train.run_dir import COCO_COLUMNS
+
+    run = RunDir(tmp_path / "r", task="pose")
+    run.begin(DETECT)
+    box = {k: 0.25 for k in ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100")}
+    kpt = {k: 0.5 for k in ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")}
+    # four writers at once (the background evaluation and the loop share the folder): whole lines, one header
+    threads = [threading.Thread(target=run.log_coco, args=(e, {"bbox": box, "keypoints": kpt}), kwargs={"seconds": 1.0})
+               for e in (1, 2, 3, 4)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        run.event("checkpoint", epoch=0, batch=0)
+    for t in threads:
+        t.join()
+    rows = run.read_coco()
+    assert sorted((r["epoch"], r["kind"]) for r in rows) == [(e, k) for e in (1, 2, 3, 4) for k in ("bbox", "keypoints")]
+    row = next(r for r in rows if r["kind"] == "keypoints")
+    assert row["APs"] is None and row["ARl"] == 0.5 and next(r for r in rows if r["kind"] == "bbox")["AR100"] == 0.25
+    events = run.read_events()
+    assert len(events) == 1 + 20 + 4 and sorted(e["epoch"] for e in events if e["event"] == "coco") == [1, 2, 3, 4]
+    assert next(e for e in events if e["event"] == "coco")["keypoints"] == kpt
+    text = run.summary()
+    assert "COCO (pycocotools) of epoch 4:" in text and "coco.csv" in text
+    with pytest.raises(ValueError, match=r"coco.csv has no column\(s\) \['mAP'\]"):
+        run.log_coco(5, {"bbox": {"mAP": 1.0}})
+    RunDir(tmp_path / "r", task="pose").begin(DETECT, position=DataPosition(2, 0, 0))  # a resume at epoch 2
+    with open(run.coco_path, newline="") as f:
+        data = list(csv.reader(f))
+    assert tuple(data[0]) == COCO_COLUMNS and sorted({int(r[0]) for r in data[1:]}) == [1, 2]
+
+
+def test_quiet_stdout_mutes_the_calling_thread_only(capsys):
+    import threading
+
+    from yolo_func.eval.coco_eval import quiet_stdout
+
+    inside, go_on = threading.Event(), threading.Event()
+
+    def worker():
+        with quiet_stdout():
+            print("from pycocotools")
+            inside.set()
+            go_on.wait(5)
+            print("still muted")
+
+    t = threading.Thread(target=worker)
+    t.start()
+    inside.wait(5)
+    print("the training loop")  # printed while the worker is muted
+    go_on.set()
+    t.join()
+    assert capsys.readouterr().out == "the training loop\n"

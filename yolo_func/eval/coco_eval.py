@@ -12,14 +12,18 @@
   printing a table. Annotation files without ``info`` / ``licenses`` work (pycocotools 2.0.10's
   ``loadRes`` needs them: they are set to empty); an empty result list gives zeros.
 - :class:`CocoEvaluator`: detectron2-style ``reset()`` / ``process(...)`` / ``evaluate()``.
+- :func:`quiet_stdout`: pycocotools prints progress lines and tables; they are dropped for the
+  calling thread only, so an evaluation running in a background thread (the fit loop's,
+  :mod:`yolo_func.train.coco_background`) does not swallow what the main thread prints meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import json
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,7 @@ __all__ = [
     "evaluate",
     "format_table",
     "CocoEvaluator",
+    "quiet_stdout",
 ]
 
 #: COCO's 80 training classes -> the 91-id category ids of the official annotation files.
@@ -56,6 +61,47 @@ BOX_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100")
 #: Result keys of the keypoint evaluation (COCOeval.stats order for iouType "keypoints").
 KEYPOINT_KEYS = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
 IOU_TYPES = ("bbox", "segm", "keypoints")
+
+
+class _MutedThreads:
+    """A ``sys.stdout`` stand-in that drops what the muted threads write and passes the rest on."""
+
+    def __init__(self, target: Any):
+        self.target = target
+        self.muted: set[int] = set()
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() in self.muted:
+            return len(text)
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+_MUTE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Drop what this thread prints to ``sys.stdout`` (pycocotools' progress lines and tables);
+    other threads keep printing. ``contextlib.redirect_stdout`` would swap the stream for every
+    thread, hiding the training loop's lines while a background evaluation runs."""
+    ident = threading.get_ident()
+    with _MUTE_LOCK:
+        proxy = sys.stdout if isinstance(sys.stdout, _MutedThreads) else _MutedThreads(sys.stdout)
+        sys.stdout = proxy
+        proxy.muted.add(ident)
+    try:
+        yield
+    finally:
+        with _MUTE_LOCK:
+            proxy.muted.discard(ident)
+            if not proxy.muted and sys.stdout is proxy:  # nobody replaced it meanwhile
+                sys.stdout = proxy.target
 
 
 def _coco_api():
@@ -100,7 +146,7 @@ def load_coco(annotations: Any):
             raise ValueError(f"[yolo_func] annotations lack {missing}; expected a COCO instances / keypoints JSON")
         coco = COCO()
         coco.dataset = data
-        with contextlib.redirect_stdout(io.StringIO()):
+        with quiet_stdout():
             coco.createIndex()
     coco.dataset.setdefault("info", {})
     coco.dataset.setdefault("licenses", [])
@@ -233,7 +279,7 @@ def evaluate(
         if not results:
             out[t] = _zeros(t)
             continue
-        with contextlib.redirect_stdout(io.StringIO()):
+        with quiet_stdout():
             dt = coco.loadRes(copy.deepcopy(results))
             ev = COCOeval(coco, dt, t)
             if image_ids is not None:
@@ -363,15 +409,23 @@ class CocoEvaluator:
         """The COCO result records gathered so far (JSON-ready)."""
         return self._results
 
+    @property
+    def image_ids(self) -> list[int] | None:
+        """The processed images' ids, sorted, each once (None before any batch: every image)."""
+        return sorted(set(self._image_ids)) or None
+
+    @property
+    def iou_types(self) -> list[str]:
+        """``bbox``, plus ``segm`` / ``keypoints`` when the processed detections carried masks / keypoints."""
+        return ["bbox"] + (["segm"] if self._has_masks else []) + (["keypoints"] if self._has_kpts else [])
+
     def evaluate(self, *, iou_types: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
         """pycocotools evaluation of everything processed, on the processed images only.
 
         Returns:
           As :func:`evaluate`; zeros (and no crash) when nothing was detected.
         """
-        if iou_types is None:
-            iou_types = ["bbox"] + (["segm"] if self._has_masks else []) + (["keypoints"] if self._has_kpts else [])
         return evaluate(
-            self.coco, self._results, iou_types=iou_types, kpt_sigmas=self.kpt_sigmas,
-            image_ids=sorted(set(self._image_ids)) or None, verbose=self.verbose,
+            self.coco, self._results, iou_types=self.iou_types if iou_types is None else iou_types,
+            kpt_sigmas=self.kpt_sigmas, image_ids=self.image_ids, verbose=self.verbose,
         )

@@ -39,7 +39,7 @@ from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
 from yolo_func.eval.postprocess import Detections, Letterbox, postprocess, postprocess_static
 from yolo_func.models.yolov8 import Inference
 
-__all__ = ["evaluate", "evaluate_with_records", "coco_ground_truth", "model_kpt_shape", "resolve_device", "ValReplay"]
+__all__ = ["evaluate", "evaluate_with_records", "coco_ground_truth", "dataset_categories", "model_kpt_shape", "resolve_device", "ValReplay"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -146,8 +146,9 @@ def coco_ground_truth(dataset: Any) -> dict:
     return {"images": images, "annotations": anns, "categories": cats, "info": {}, "licenses": []}
 
 
-def _dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
-    """(COCO ground truth, category id of each dataset class)."""
+def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
+    """(COCO ground truth, category id of each dataset class): a :class:`~yolo_func.data.CocoDataset`'s
+    own ``coco`` and ``category_ids``, else :func:`coco_ground_truth` of the dataset (ids = class indices)."""
     coco = getattr(dataset, "coco", None)
     if coco is not None and hasattr(dataset, "category_ids"):
         return coco, [int(c) for c in dataset.category_ids]
@@ -330,7 +331,7 @@ def evaluate_with_records(
     if task != model.task:
         raise ValueError(f"[yolo_func] evaluate: the dataset's task is {task!r} but the model's is {model.task!r}; "
                          f"load the dataset with task={model.task!r}")
-    gt, dataset_cat_ids = _dataset_categories(dataset)
+    gt, dataset_cat_ids = dataset_categories(dataset)
     K = model.num_classes
     if class_map is None:
         if len(dataset_cat_ids) != K:

@@ -7,6 +7,9 @@ meet (DESIGN.md §7)::
     on CUDA "step" when every head is capturable, else "network") -> every val_every epochs: validate
     on the EMA weights (ValLoader -> Model.predict -> postprocess -> scale_to_original ->
     eval.metrics) -> RunDir: results.csv, events.jsonl, weights/last.pt (and best.pt by fitness)
+    -> with val.coco: the validation's COCO result records -> pycocotools in a background thread
+    while the next epoch trains (train/coco_background.py) -> coco.csv, events.jsonl "coco",
+    FitResult.coco (the last evaluation, waited for at the end)
 
 Stopping: the last epoch, early stopping (``train.patience`` epochs without a better fitness), a
 wall-clock limit (``train.time_limit_hours``, this process's time), Ctrl-C (SIGINT: the current
@@ -48,11 +51,13 @@ from yolo_func.configs import Config, config_diff
 from yolo_func.data import CocoDataset, TrainLoader, ValLoader, YoloDataset, builtin_dataset
 from yolo_func.data.augment import AugmentConfig as LoaderAugment
 from yolo_func.data.loader import ValBatch, val_boxes_to_original
+from yolo_func.eval.coco_eval import CocoEvaluator, load_coco
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
-from yolo_func.eval.postprocess import postprocess, scale_to_original
+from yolo_func.eval.postprocess import Letterbox, postprocess, scale_to_original
 from yolo_func.models.yolov8 import Model, yolov8
 from yolo_func.optim import ema as make_ema
 from yolo_func.structures.records import Targets
+from yolo_func.train import coco_background
 from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
 from yolo_func.train.metrics import fetch_metrics
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
@@ -83,6 +88,9 @@ class FitResult(NamedTuple):
         ``"interrupted"`` (Ctrl-C or a hook's ``KeyboardInterrupt``; ``last.pt`` is resumable).
       best: the ``results.csv`` row of the best fitness, or None (no validation yet).
       metrics: the last validation's metrics (``{"box": {"P", "R", "mAP50", "mAP50-95"}, ...}``), or None.
+      coco: pycocotools' numbers of the latest validation whose background evaluation finished
+        (``{"bbox": {"AP", "AP50", ...}[, "segm"][, "keypoints"]}``, as :func:`yolo_func.eval.evaluate`
+        gives them; after a completed run: the last epoch's), or None (``val.coco`` off, or none finished).
     """
 
     run_dir: Path
@@ -92,6 +100,7 @@ class FitResult(NamedTuple):
     stopped: str
     best: dict | None
     metrics: dict | None
+    coco: dict | None = None
 
 
 class StepInfo(NamedTuple):
@@ -320,7 +329,7 @@ def _gt_masks(mask: np.ndarray, gain: tuple[float, float], pad: tuple[float, flo
 @torch.no_grad()
 def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
              device: torch.device, autocast_dtype: torch.dtype | None = None, progress: bool = True,
-             desc: str = "val") -> dict:
+             desc: str = "val", coco: CocoEvaluator | None = None) -> dict:
     """The reference's per-epoch validation (REFERENCE.md §3.1, §3.6) on given weights.
 
     Rect batches (``loader``) -> ``model.predict`` (eval mode) -> :func:`postprocess` (multi-label,
@@ -328,6 +337,11 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
     keypoints back to original pixels (:func:`scale_to_original`; the ground truth through
     :func:`yolo_func.data.loader.val_boxes_to_original`) -> :class:`MetricAccumulator` (masks
     compared at a quarter of the letterboxed input, as the reference does).
+
+    With ``coco``, each image's detections in original pixels also go to ``coco.process`` (COCO
+    result records; the metric is unchanged): the same detections the metric scores for detect and
+    pose; for segment a second :func:`postprocess` of the batch with ``mask_method="native"`` (masks
+    assembled at the original size from the coefficients, as :func:`yolo_func.eval.evaluate` does).
 
     Args:
       model: the :class:`Model`.
@@ -338,6 +352,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
       device: where to run.
       autocast_dtype: e.g. ``torch.bfloat16`` on CUDA.
       progress: show a tqdm bar.
+      coco: a :class:`~yolo_func.eval.CocoEvaluator` to feed (its ``category_ids`` map the model's
+        classes), or None.
 
     Returns:
       :meth:`MetricAccumulator.compute`'s dict (``box`` and ``mask`` / ``pose``: P, R, mAP50, mAP50-95; ``fitness``).
@@ -361,8 +377,13 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
         else:
             inf = model.predict(params, state, x)
         inf = type(inf)(*(None if t is None else t.float() for t in inf))
-        dets = postprocess(inf, conf=config.val.conf, iou=config.val.iou, max_det=config.val.max_det, multi_label=True,
-                           kpt_shape=kpt_shape, mask_method="val")
+        post = dict(conf=config.val.conf, iou=config.val.iou, max_det=config.val.max_det, multi_label=True, kpt_shape=kpt_shape)
+        dets = postprocess(inf, **post, mask_method="val")
+        native = None
+        if coco is not None and inf.protos is not None:  # COCO masks at the original size (evaluate's path)
+            letterboxes = [Letterbox((int(h), int(w)), (float(gy), float(gx)), (float(px), float(py))) for (h, w), (gx, gy), (px, py)
+                           in zip(vb.orig_shapes.tolist(), vb.gains.tolist(), vb.pads.tolist())]
+            native = postprocess(inf, **post, mask_method="native", letterbox=letterboxes)
         t = vb.targets
         gts, outs = [], []
         for b, det in enumerate(dets):
@@ -387,6 +408,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
                 gm = _gt_masks(sample.masks, (gx, gy), pad, tuple(vb.images.shape[-2:]))
             gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
         acc.process(outs, gts)
+        if coco is not None:
+            coco.process([int(i) for i in vb.image_ids], native if native is not None else outs)
     return acc.compute()
 
 
@@ -437,6 +460,20 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._previous)
 
 
+def _coco_setup(config: Config, val_data: Any, rd: RunDir) -> tuple[Any, list[int], coco_background.BackgroundCoco] | None:
+    """``(ground truth COCO, category id of each model class, the background evaluator)`` when
+    ``val.coco`` is on for ``val_data`` (:func:`~yolo_func.train.coco_background.resolve_coco`), else None."""
+    if not coco_background.resolve_coco(config.val.coco, val_data):
+        return None
+    from yolo_func.eval.evaluate import dataset_categories
+
+    gt, category_ids = dataset_categories(val_data)
+    gt = load_coco(gt)  # a CocoDataset's own COCO as is; a built dict indexed once, not per epoch
+    # a model with more classes than the data (model.num_classes): ids no ground truth has, never matched
+    category_ids = list(category_ids) + [-1 - k for k in range(max(config.model.num_classes - len(category_ids), 0))]
+    return gt, category_ids, coco_background.BackgroundCoco(gt, run_dir=rd)
+
+
 def _gpu_mem(device: torch.device) -> str:
     if device.type != "cuda":
         return "-"
@@ -480,10 +517,11 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     if rd.resumable:
         saved, position, meta = read_training_checkpoint(rd.last)
         # The checkpoint's config rules (model, data, optimizer, schedule length): resuming must
-        # continue the same run. Options of this process apply: device, time limit, plots.
+        # continue the same run. Options of this process apply: device, time limit, plots, val.coco.
         now = {"device": config.train.device, "time_limit_hours": config.train.time_limit_hours,
                "plots": config.train.plots, "out": str(rd.path), "resume": config.train.resume}
-        resumed = dataclasses.replace(saved, train=dataclasses.replace(saved.train, **now))
+        resumed = dataclasses.replace(saved, train=dataclasses.replace(saved.train, **now),
+                                      val=dataclasses.replace(saved.val, coco=config.val.coco))
         ignored = sorted(k for k in config_diff(resumed, config)
                          if k not in ("model.num_classes", "model.kpt_shape", "train.out", "train.name"))
         if ignored:
@@ -510,6 +548,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     val_batch = config.val.batch_size or 2 * config.data.batch_size
     val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=min(workers, 4),
                            task=config.model.task, shapes=getattr(val_data, "image_sizes", None))
+    coco = _coco_setup(config, val_data, rd)
     opt = _optimizer(config, nb)
     ema = make_ema(config.optim.ema_decay, config.optim.ema_tau)
     ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
@@ -562,9 +601,17 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
 
     def run_validation(epoch_index: int) -> dict:
         e_params, e_state = ts.ema.ema["params"], ts.ema.ema["state"]
-        return validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
-                        autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}")
+        records = None
+        if coco is not None:
+            gt, category_ids, background = coco
+            records = CocoEvaluator(gt, category_ids=category_ids, verbose=False)
+        metrics_v = validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
+                             autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records)
+        if records is not None:  # scored by pycocotools while the next epoch trains
+            background.submit(epoch_index + 1, records.results, image_ids=records.image_ids, iou_types=records.iou_types)
+        return metrics_v
 
+    finished_cleanly = False
     try:
         with _Interrupt() as interrupt:
             while epoch < epochs and stopped == "completed":
@@ -633,19 +680,35 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                         and epoch < epochs:
                     stopped = "early_stop"
                     say(f"early stopping: no better fitness in the last {config.train.patience} epochs (best: epoch {best_epoch})")
+                if coco is not None:
+                    coco[2].collect()  # a finished evaluation's numbers (or its failure, warned about) now
+        finished_cleanly = True
     finally:
         loader.close()
+        if coco is not None and not finished_cleanly:  # an exception: never wait for pycocotools
+            coco[2].abandon()
     if stopped == "time_limit" and epoch >= epochs:
         stopped = "completed"  # the limit struck on the very last batch
     if stopped == "time_limit":
         say(f"time limit of {config.train.time_limit_hours} h reached; stopped at step {steps}")
     if stopped == "interrupted":
         say(f"interrupted: saved {rd.last} (resume with the same command or --out {rd.path})")
-    if plots:
-        _final_plots(rd, model, ts, val_loader, names, device, dtype, config)
+    try:
+        if plots:  # while the last COCO evaluation runs
+            _final_plots(rd, model, ts, val_loader, names, device, dtype, config)
+    except BaseException:
+        if coco is not None:
+            coco[2].abandon()
+        raise
+    coco_final = None
+    if coco is not None:  # the last evaluation's numbers are waited for (briefly when interrupted)
+        background = coco[2]
+        if background.in_flight is not None and stopped != "interrupted":
+            say(f"waiting for the COCO evaluation of epoch {background.in_flight}")
+        coco_final = background.finish(timeout=coco_background.INTERRUPT_WAIT_S if stopped == "interrupted" else None)
     rd.event("end", stopped=stopped, steps=steps, epochs=epoch)
     say(rd.summary())
-    return FitResult(rd.path, ts, epoch, steps, stopped, rd.best_row(), last_metrics)
+    return FitResult(rd.path, ts, epoch, steps, stopped, rd.best_row(), last_metrics, coco_final)
 
 
 @torch.no_grad()

@@ -6,11 +6,15 @@ Layout (``runs/<task>/<name>`` by default, or ``train.out``)::
     weights/last.pt    resumable training checkpoint (train/checkpoint.py), written atomically
     weights/best.pt    the same kind of file, at the epoch of the best fitness so far
     results.csv        one row per completed epoch (results_columns(task)); header written once
-    events.jsonl       one JSON object per line: start, resume, epoch, checkpoint, interrupt, end
+    coco.csv           pycocotools numbers of each validation (COCO_COLUMNS; one row per iou type),
+                       appended by the background evaluation (train/coco_background.py)
+    events.jsonl       one JSON object per line: start, resume, epoch, checkpoint, coco, interrupt, end
     *.png              plots (train/plots.py)
 
 Running again on a folder that holds ``weights/last.pt`` resumes it; on resume the rows of
-``results.csv`` after the resumed epoch are dropped, so the file always matches the checkpoint.
+``results.csv`` (and ``coco.csv``) after the resumed epoch are dropped, so the file always
+matches the checkpoint. ``events.jsonl`` and ``coco.csv`` are written under :attr:`RunDir.lock`
+(the background COCO evaluation appends to them while the loop runs).
 A process killed mid-write leaves the previous files intact (atomic checkpoint and config writes;
 a half-written last line of ``results.csv`` / ``events.jsonl`` is dropped when the folder is
 opened again, with the temporary files of interrupted checkpoint writes).
@@ -24,6 +28,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -40,10 +45,14 @@ from yolo_func.train.checkpoint import (
 )
 from yolo_func.train.state import TrainState
 
-__all__ = ["RunDir", "EVENTS", "results_columns", "fitness", "next_run_path", "latest_run"]
+__all__ = ["RunDir", "EVENTS", "COCO_COLUMNS", "results_columns", "fitness", "next_run_path", "latest_run"]
 
 #: The kinds of line ``events.jsonl`` holds.
-EVENTS = ("start", "resume", "epoch", "checkpoint", "interrupt", "end")
+EVENTS = ("start", "resume", "epoch", "checkpoint", "coco", "interrupt", "end")
+#: The columns of ``coco.csv``: the epoch (as in ``results.csv``), the iou type (``bbox``, ``segm``,
+#: ``keypoints``) and pycocotools' stats (bbox / segm fill AP..AR100, keypoints AP..APl and AR..ARl).
+COCO_COLUMNS = ("epoch", "kind", "AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100",
+                "AR", "AR50", "AR75", "ARm", "ARl")
 
 _LOSS_PARTS = {"detect": ("box", "cls", "dfl"), "segment": ("box", "cls", "dfl", "seg"), "pose": ("box", "cls", "dfl", "pose", "kobj")}
 _METRIC_KINDS = {"detect": ("box",), "segment": ("box", "mask"), "pose": ("box", "pose")}
@@ -118,8 +127,9 @@ class RunDir:
       task: ``"detect"``, ``"segment"`` or ``"pose"`` (fixes the ``results.csv`` columns).
 
     Attributes:
-      path, weights, last, best, config_path, results_path, events_path: the paths.
+      path, weights, last, best, config_path, results_path, events_path, coco_path: the paths.
       resumable: ``weights/last.pt`` existed when the folder was opened.
+      lock: held while ``events.jsonl`` or ``coco.csv`` is appended to (a re-entrant lock).
 
     Raises:
       ValueError: ``path`` exists, is not empty and is not a run folder (no ``config.json``), or an
@@ -136,11 +146,13 @@ class RunDir:
             raise ValueError(f"[yolo_func] {str(self.path)!r} exists and is not a run folder (no config.json or weights/); "
                              "give a new or empty folder as train.out")
         self.weights.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.RLock()  # events.jsonl / coco.csv: the background COCO evaluation appends too
         for folder in (self.path, self.weights):  # temporary files of writes a kill interrupted
             for tmp in folder.glob(f".*{TEMP_SUFFIX}"):
                 tmp.unlink()
         _repair_tail(self.results_path)
         _repair_tail(self.events_path)
+        _repair_tail(self.coco_path)
         if self.results_path.is_file() and self.results_path.stat().st_size:
             with open(self.results_path, newline="") as f:
                 header = tuple(next(csv.reader(f), ()))
@@ -174,6 +186,10 @@ class RunDir:
     @property
     def events_path(self) -> Path:
         return self.path / "events.jsonl"
+
+    @property
+    def coco_path(self) -> Path:
+        return self.path / "coco.csv"
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r}, task={self.task!r})"
@@ -217,10 +233,11 @@ class RunDir:
 
     def begin(self, config: Config, *, position: DataPosition | None = None) -> None:
         """Start (``position`` None) or resume a run: write ``config.json``, drop the
-        ``results.csv`` rows after the epochs the checkpoint holds (all rows when starting), and log
-        a ``start`` or ``resume`` event."""
+        ``results.csv`` and ``coco.csv`` rows after the epochs the checkpoint holds (all rows when
+        starting), and log a ``start`` or ``resume`` event."""
         self.write_config(config)
         self.truncate_results(position.epoch if position is not None else 0)
+        self._truncate_csv(self.coco_path, position.epoch if position is not None else 0)
         if position is None:
             self.event("start", path=str(self.path), task=self.task)
         else:
@@ -297,9 +314,12 @@ class RunDir:
 
     def truncate_results(self, epochs_done: int) -> None:
         """Keep the rows of epochs ``1..epochs_done`` (rewritten atomically)."""
-        if not self.results_path.is_file():
+        self._truncate_csv(self.results_path, epochs_done)
+
+    def _truncate_csv(self, path: Path, epochs_done: int) -> None:
+        if not path.is_file():
             return
-        with open(self.results_path, newline="") as f:
+        with open(path, newline="") as f:
             rows = list(csv.reader(f))
         if not rows:
             return
@@ -309,7 +329,48 @@ class RunDir:
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(kept)
         data = buf.getvalue().encode()
-        atomic_write(self.results_path, lambda f: f.write(data))
+        atomic_write(path, lambda f: f.write(data))
+
+    # ----------------------------------------------------------------------------------- coco
+
+    def log_coco(self, epoch: int, metrics: Mapping[str, Mapping[str, float]], **fields: Any) -> dict:
+        """Append one ``coco.csv`` row per iou type (the header first when the file is new) and log
+        a ``coco`` event ``{"epoch", "bbox": {...}[, "segm"][, "keypoints"], **fields}``. Thread-safe.
+
+        Args:
+          epoch: the ``results.csv`` epoch (1-based) the validation closed.
+          metrics: ``{iou_type: {key: value}}`` (:func:`yolo_func.eval.coco_eval.evaluate`).
+          fields: more event fields (e.g. ``seconds``).
+
+        Returns:
+          The event record.
+
+        Raises:
+          ValueError: a key that is not a ``coco.csv`` column.
+        """
+        stats = [k for v in metrics.values() for k in v]
+        unknown = sorted({k for k in stats if k not in COCO_COLUMNS[2:]})
+        if unknown:
+            raise ValueError(f"[yolo_func] coco.csv has no column(s) {unknown}; columns: {list(COCO_COLUMNS)}")
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        with self.lock:
+            if not self.coco_path.is_file() or self.coco_path.stat().st_size == 0:
+                writer.writerow(COCO_COLUMNS)
+            for kind, values in metrics.items():
+                writer.writerow([int(epoch), kind] + [_cell(values.get(c)) for c in COCO_COLUMNS[2:]])
+            with open(self.coco_path, "a", newline="") as f:
+                f.write(buf.getvalue())
+                f.flush()
+            return self.event("coco", epoch=int(epoch), **{k: dict(v) for k, v in metrics.items()}, **fields)
+
+    def read_coco(self) -> list[dict[str, Any]]:
+        """The rows of ``coco.csv``: ``epoch`` an int, ``kind`` a str, stats floats or None (empty)."""
+        if not self.coco_path.is_file():
+            return []
+        with open(self.coco_path, newline="") as f:
+            return [{k: (int(v) if k == "epoch" else v if k == "kind" else (float(v) if v != "" else None))
+                     for k, v in r.items()} for r in csv.DictReader(f)]
 
     # --------------------------------------------------------------------------------- events
 
@@ -330,7 +391,7 @@ class RunDir:
             line = json.dumps(record, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise TypeError(f"[yolo_func] event {kind!r}: fields must be JSON numbers, strings, lists or dicts ({e}); got {fields!r}") from None
-        with open(self.events_path, "a") as f:
+        with self.lock, open(self.events_path, "a") as f:
             f.write(line + "\n")
             f.flush()
         return record
@@ -349,7 +410,8 @@ class RunDir:
         return max(rows, key=lambda r: (r["fitness"], -r["epoch"])) if rows else None
 
     def summary(self) -> str:
-        """A few lines naming the folder, the epochs done, the best epoch's metrics and the files."""
+        """A few lines naming the folder, the epochs done, the best epoch's metrics, the pycocotools
+        table of the latest epoch in ``coco.csv`` (when there is one) and the files."""
         rows = self.read_results()
         best = self.best_row()
         lines = [f"Run folder: {self.path}"]
@@ -362,7 +424,17 @@ class RunDir:
             lines.append(f"  best: epoch {best['epoch']} (fitness {best['fitness']:.4f}): {metrics}")
         else:
             lines.append("  best: no validation yet")
+        coco = self.read_coco()
+        if coco:
+            from yolo_func.eval.coco_eval import format_table
+
+            last = max(r["epoch"] for r in coco)
+            table = {r["kind"]: {k: v for k, v in r.items() if k not in ("epoch", "kind") and v is not None}
+                     for r in coco if r["epoch"] == last}
+            lines.append(f"  COCO (pycocotools) of epoch {last}:")
+            lines.extend("    " + line for line in format_table(table).splitlines())
         weights = [str(p) for p in (self.best, self.last) if p.is_file()]
         lines.append(f"  weights: {', '.join(weights) if weights else 'none saved'}")
-        lines.append(f"  logs: {self.results_path.name}, {self.events_path.name}, {self.config_path.name}")
+        logs = [self.results_path.name] + ([self.coco_path.name] if coco else []) + [self.events_path.name, self.config_path.name]
+        lines.append(f"  logs: {', '.join(logs)}")
         return "\n".join(lines)
