@@ -468,7 +468,8 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 emit(dict(part="weights", weights=w, error=f"{type(e).__name__}: {e}"))
         given = sorted({k[0] for k in weights})  # the tasks come from the files
-        args.post_tasks, args.val_tasks = given, [t for t in given if t in YAMLS]
+        # post: every given task; val: the given tasks that --val-tasks names (default detect)
+        args.post_tasks, args.val_tasks = given, [t for t in given if t in YAMLS and t in args.val_tasks]
     else:
         tasks = sorted(set(args.val_tasks if "val" in args.parts else []) | set(args.post_tasks if "post" in args.parts else []))
         for task in tasks:

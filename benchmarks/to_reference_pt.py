@@ -1,0 +1,66 @@
+"""Write our trained weights as a ``.pt`` the reference package loads (black box, public API only).
+
+    python benchmarks/to_reference_pt.py runs/detect/x/weights/last.pt /tmp/ours_as_ref.pt
+
+Our checkpoint (or any file ``yolo-func val --weights`` reads) -> ``yolo_func.io.to_reference``
+(the reference state-dict layout) -> a freshly built reference model of the same scale, task and
+class count (``YOLO("yolov8n.yaml")``-style), ``load_state_dict(strict=True)``, class names set,
+``YOLO.save``. Then checks the file back: our reader loads it and gives the same tensors.
+Needs ``ultralytics`` importable (benchmarks only; never a dependency of the package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from yolo_func.cli_eval import load_weights  # noqa: E402
+from yolo_func.io import load_reference_checkpoint, to_reference  # noqa: E402
+
+_SUFFIX = {"detect": "", "segment": "-seg"}
+
+
+def convert(src: str | Path, dst: str | Path) -> Path:
+    """Writes ``dst`` and returns it; raises when the round trip does not give the same tensors."""
+    from ultralytics import YOLO
+
+    w = load_weights(src)
+    model = w.model
+    sd = {k: v.detach().float().cpu() for k, v in to_reference(model, w.params, w.state).items()}
+    if model.task not in ("detect", "segment"):
+        raise ValueError(f"{src}: only detect and segment models are converted here (got {model.task})")
+    yaml = f"yolov8{model.scale}{_SUFFIX[model.task]}.yaml"
+    ref = YOLO(yaml, task=model.task)
+    from ultralytics.nn.tasks import DetectionModel, SegmentationModel
+
+    cls = {"detect": DetectionModel, "segment": SegmentationModel}[model.task]
+    ref.model = cls(yaml, nc=model.num_classes, verbose=False)
+    missing = ref.model.load_state_dict(sd, strict=False)
+    extra = [k for k in missing.missing_keys if not k.endswith("num_batches_tracked")]
+    if extra or missing.unexpected_keys:
+        raise ValueError(f"state dict mismatch: missing {extra[:5]}, unexpected {missing.unexpected_keys[:5]}")
+    ref.model.names = {i: n for i, n in enumerate(w.names)}
+    dst = Path(dst)
+    ref.save(str(dst))
+    back = load_reference_checkpoint(dst)
+    for k, v in sd.items():
+        if k in back and not torch.allclose(back[k].float(), v, rtol=1e-3, atol=1e-3):  # the file is fp16
+            raise ValueError(f"{dst}: {k} differs after the round trip")
+    return dst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    a = ap.parse_args()
+    print(convert(a.src, a.dst))
+
+
+if __name__ == "__main__":
+    main()
