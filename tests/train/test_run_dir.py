@@ -267,6 +267,33 @@ def test_best_is_a_copy_of_last_at_its_epoch_and_summary_names_them(tmp_path):
     assert "no validation yet" in RunDir(tmp_path / "empty", task="detect").summary()
 
 
+def test_background_saves_detach_from_the_state_keep_order_and_raise_write_errors(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "r", task="detect")
+    run.begin(DETECT)
+    state = _small_state(1.0)
+    run.save(state, config=DETECT, position=DataPosition(1, 0, 0), best=True, background=True)
+    state.params["w"].fill_(9.0)  # the training thread goes on changing its tensors in place
+    run.save(_small_state(2.0), config=DETECT, position=DataPosition(2, 0, 0), background=True)  # waits for the first
+    ck = run.load_last(_small_state(0.0))  # waits for the second
+    assert ck.position.epoch == 2 and torch.equal(ck.train_state.params["w"], torch.full((1000,), 2.0))
+    best = load_training_checkpoint(run.best, _small_state(0.0))  # the copy taken at save time, not the 9s
+    assert best.position.epoch == 1 and torch.equal(best.train_state.params["w"], torch.full((1000,), 1.0))
+    events = [json.loads(line) for line in (run.path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("epoch")) for e in events if e["event"] == "checkpoint"] == [("checkpoint", 1), ("checkpoint", 2)]
+
+    import yolo_func.train.run_dir as run_dir_module
+
+    def full_disk(path, payload):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_dir_module, "write_checkpoint_payload", full_disk)
+    run.save(_small_state(3.0), config=DETECT, position=DataPosition(3, 0, 0), background=True)
+    with pytest.raises(RuntimeError, match=r"writing the checkpoint .*last\.pt.* failed: .*No space left"):
+        run.wait()
+    run.wait()  # reported once
+    assert run.load_last(_small_state(0.0)).position.epoch == 2  # the previous checkpoint is intact
+
+
 def test_config_json_round_trip_and_file_named_on_unknown_keys(tmp_path):
     run = RunDir(tmp_path / "r", task="segment")
     cfg = apply_overrides(get_recipe("yolov8s-seg"), ["optim.lr0=0.02", "data.path=/data/coco"])

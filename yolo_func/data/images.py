@@ -1,6 +1,6 @@
 """Image decoding and cheap header checks shared by every dataset.
 
-Decoding uses OpenCV (``cv2.imdecode`` with ``IMREAD_COLOR``): it applies the EXIF orientation,
+Decoding uses OpenCV (``cv2.imdecode`` with ``IMREAD_COLOR_RGB`` where OpenCV has it (>= 4.10), else ``IMREAD_COLOR`` + an in-place channel swap): it applies the EXIF orientation,
 expands grayscale and palette images to three channels, drops alpha, converts CMYK JPEGs and
 16-bit PNGs to 8-bit colour, and on the ``coco-tiny`` JPEGs it decoded in 2.4 ms per image against
 Pillow's 4.0 ms (open + ``exif_transpose`` + ``convert("RGB")``; one thread, best of 5). The

@@ -73,10 +73,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
 def _own_cpu_copy(x: torch.Tensor) -> torch.Tensor:
     """``x`` on the CPU, owning exactly its storage: a view into a larger buffer (e.g. a flat static
     buffer) is copied so the file holds only its elements; a CPU tensor that owns its whole storage
-    is saved as is (``torch.save`` copies its bytes; strides are kept)."""
+    is cloned (strides kept) so the payload never shares memory with the caller's tensors: it may be
+    written on another thread while training changes them in place."""
     y = x.detach().to("cpu")
     if y.storage_offset() or y.untyped_storage().nbytes() != y.numel() * y.element_size():
-        y = y.contiguous().clone() if y.is_contiguous() else y.contiguous()
+        return y.contiguous().clone() if y.is_contiguous() else y.contiguous()
+    if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():  # already on the CPU: still x's memory
+        y = y.clone(memory_format=torch.preserve_format)
     return y
 
 
@@ -96,13 +99,25 @@ def save_checkpoint(path: str | os.PathLike, tree: Any, *, config: dict | None =
     Returns:
       The path written.
     """
-    payload = {
+    return write_checkpoint_payload(path, checkpoint_payload(tree, config=config, meta=meta, extra=extra))
+
+
+def checkpoint_payload(tree: Any, *, config: dict | None = None, meta: dict | None = None,
+                       extra: dict | None = None) -> dict:
+    """What :func:`save_checkpoint` writes, with every tensor already copied to the CPU (a host
+    sync): the payload no longer shares memory with ``tree``, so it can be written later or on
+    another thread while ``tree`` changes."""
+    return {
         "format": FORMAT,
         "tensors": {p: _own_cpu_copy(x) for p, x in T.tree_items(tree)},
         "config": config or {},
         "meta": meta or {},
         "extra": extra or {},
     }
+
+
+def write_checkpoint_payload(path: str | os.PathLike, payload: dict) -> Path:
+    """Atomically write a :func:`checkpoint_payload` (temp file + fsync + rename)."""
     return atomic_write(path, lambda f: torch.save(payload, f))
 
 

@@ -30,7 +30,7 @@ import torch
 
 from yolo_func.configs import Config, config_from_dict, config_to_dict
 from yolo_func.configs.base import recipe_name
-from yolo_func.io.checkpoint import read_checkpoint, restore_tree, save_checkpoint
+from yolo_func.io.checkpoint import checkpoint_payload, read_checkpoint, restore_tree, write_checkpoint_payload
 from yolo_func.train.state import TrainState
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "capture_rng",
     "restore_rng",
     "save_training_checkpoint",
+    "training_payload",
     "read_training_checkpoint",
     "load_training_checkpoint",
 ]
@@ -145,13 +146,22 @@ def save_training_checkpoint(path: str | os.PathLike, train_state: TrainState, *
     Returns:
       The path written.
     """
+    return write_checkpoint_payload(path, training_payload(train_state, config=config, position=position, rng=rng,
+                                                           meta=meta))
+
+
+def training_payload(train_state: TrainState, *, config: Config, position: DataPosition, rng: dict | None = None,
+                     meta: dict | None = None) -> dict:
+    """The payload :func:`save_training_checkpoint` writes, tensors copied to the CPU (a host sync),
+    detached from ``train_state``: write it with :func:`yolo_func.io.checkpoint.write_checkpoint_payload`
+    (e.g. on a background thread while training goes on)."""
     if not isinstance(train_state, TrainState):
         raise TypeError(f"[yolo_func] save_training_checkpoint expects a TrainState; got {type(train_state).__name__}")
     if not isinstance(config, Config):
         raise TypeError(f"[yolo_func] save_training_checkpoint expects config: Config; got {type(config).__name__}")
     position = DataPosition(*(int(v) for v in position))
     extra = {"format": TRAINING_FORMAT, "position": position._asdict(), "rng": capture_rng() if rng is None else rng}
-    return save_checkpoint(path, train_state, config=config_to_dict(config), meta=meta, extra=extra)
+    return checkpoint_payload(train_state, config=config_to_dict(config), meta=meta, extra=extra)
 
 
 def _check_payload(path: Path, payload: dict) -> None:

@@ -327,6 +327,17 @@ def _gt_masks(mask: np.ndarray, gain: tuple[float, float], pad: tuple[float, flo
 
 
 @torch.no_grad()
+def _dataset_masks(dataset: Any, index: int, orig_shape: tuple[int, int]) -> np.ndarray:
+    """The instance masks uint8[N, h0, w0] of one validation image, without decoding the image when
+    the dataset keeps its segmentations (a CocoDataset: rasterised straight from the annotations)."""
+    segmentations = getattr(dataset, "segmentations", None)
+    if callable(segmentations) and hasattr(dataset, "sample_with_mask_crops"):
+        from yolo_func.data.coco import segmentations_to_masks
+
+        return segmentations_to_masks(segmentations(index), *orig_shape)
+    return dataset[index].masks
+
+
 def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
              device: torch.device, autocast_dtype: torch.dtype | None = None, progress: bool = True,
              desc: str = "val", coco: CocoEvaluator | None = None) -> dict:
@@ -404,8 +415,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
                 kp = torch.stack((kx, ky, k[..., 2]), -1)
             gm = None
             if masks is not None:
-                sample = dataset[index_of[int(vb.image_ids[b])]]
-                gm = _gt_masks(sample.masks, (gx, gy), pad, tuple(vb.images.shape[-2:]))
+                gm = _gt_masks(_dataset_masks(dataset, index_of[int(vb.image_ids[b])], orig), (gx, gy), pad,
+                               tuple(vb.images.shape[-2:]))
             gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
         acc.process(outs, gts)
         if coco is not None:
@@ -480,6 +491,19 @@ def _gpu_mem(device: torch.device) -> str:
     return f"{torch.cuda.memory_reserved(device) / 2**30:.1f}G"
 
 
+def _warm_imports() -> None:
+    """Import ``torch._dynamo`` on a thread while the data and the model are set up: ``torch.func``
+    imports it at the first differentiated step, 1.5-2.5 s of a short fit's start-up otherwise."""
+
+    def run() -> None:
+        try:
+            import torch._dynamo  # noqa: F401
+        except Exception:  # noqa: BLE001 -- only a head start; the step imports it again if this failed
+            return
+
+    threading.Thread(target=run, name="yolo_func-imports", daemon=True).start()
+
+
 def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: str | os.PathLike = "runs",
         on_step: Callable[[StepInfo], None] | None = None, progress: bool = True, log_every: int = 10,
         builtin_root: str | os.PathLike | None = None) -> FitResult:
@@ -512,6 +536,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         raise ValueError("[yolo_func] fit: give both train_data and val_data, or neither (then config.data.path is read)")
     say = print if progress else (lambda *a, **k: None)
     t_start = time.monotonic()
+    _warm_imports()
     rd = RunDir.for_config(config, root=root)
     position, elapsed_before = None, 0.0
     if rd.resumable:
@@ -580,9 +605,11 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         f"(capture {level!r}{', ' + str(dtype).removeprefix('torch.') if dtype else ''}), {len(train_data)} train / "
         f"{len(val_data)} val images, {nb} batches of {config.data.batch_size} per epoch, run folder {rd.path}")
 
-    def save(pos: DataPosition, *, best: bool = False, extra_meta: dict | None = None) -> None:
+    def save(pos: DataPosition, *, best: bool = False, extra_meta: dict | None = None, background: bool = True) -> None:
+        # the epoch's checkpoint is written on a thread while the next epoch trains (RunDir.save)
         meta = {"elapsed": elapsed_before + time.monotonic() - t_start, "steps": steps, **(extra_meta or {})}
-        rd.save(ts, config=config, position=pos, rng=capture_rng(generators), meta=meta, best=best)
+        rd.save(ts, config=config, position=pos, rng=capture_rng(generators), meta=meta, best=best,
+                background=background)
 
     def row_for(epoch_done: int, sums: torch.Tensor | None, count: int, metrics: dict | None) -> dict:
         row: dict[str, Any] = {"epoch": epoch_done, "time": round(elapsed_before + time.monotonic() - t_start, 3)}
@@ -599,7 +626,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 row[f"{k}/mAP50-95"] = metrics.get(k, {}).get("mAP50-95", 0.0)
         return row
 
-    def run_validation(epoch_index: int) -> dict:
+    def run_validation(epoch_index: int) -> tuple[dict, CocoEvaluator | None]:
         e_params, e_state = ts.ema.ema["params"], ts.ema.ema["state"]
         records = None
         if coco is not None:
@@ -607,9 +634,13 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
             records = CocoEvaluator(gt, category_ids=category_ids, verbose=False)
         metrics_v = validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
                              autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records)
-        if records is not None:  # scored by pycocotools while the next epoch trains
-            background.submit(epoch_index + 1, records.results, image_ids=records.image_ids, iou_types=records.iou_types)
-        return metrics_v
+        return metrics_v, records
+
+    def submit_coco(epoch_index: int, records: CocoEvaluator | None) -> None:
+        # scored by pycocotools while the next epoch trains; submitted after the epoch's row so that its
+        # "coco" event always follows the epoch's "epoch" event
+        if records is not None:
+            coco[2].submit(epoch_index + 1, records.results, image_ids=records.image_ids, iou_types=records.iou_types)
 
     finished_cleanly = False
     try:
@@ -655,19 +686,24 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 start_batch = 0
                 if stopped == "interrupted":
                     pos = DataPosition(epoch, b + 1, config.train.seed) if b + 1 < nb else DataPosition(epoch + 1, 0, config.train.seed)
+                    rd.wait()
                     if pos.batch == 0:  # the epoch's last batch was trained: close the epoch first
                         rd.log_epoch(row_for(epoch + 1, sums, count, None))
-                    save(pos)
+                    save(pos, background=False)
                     rd.event("interrupt", epoch=pos.epoch, batch=pos.batch, step=steps)
                     epoch = pos.epoch
                     break
                 finished = b == nb - 1  # the epoch's last batch was trained (a time limit may coincide)
                 last = epoch + 1 == epochs
                 do_val = (epoch + 1) % config.train.val_every == 0 or last or stopped == "time_limit"
-                metrics_v = run_validation(epoch) if do_val else None
+                metrics_v, records = run_validation(epoch) if do_val else (None, None)
                 if metrics_v is not None:
                     last_metrics = metrics_v
+                # the previous epoch's checkpoint (written while this epoch trained) is on disk before this
+                # epoch's row: events.jsonl keeps epoch, checkpoint, epoch, checkpoint ... in order
+                rd.wait()
                 is_best = rd.log_epoch(row_for(epoch + 1, sums, count, metrics_v))
+                submit_coco(epoch, records)
                 if is_best:
                     best_epoch = epoch + 1
                 pos = DataPosition(epoch + 1, 0, config.train.seed) if finished else DataPosition(epoch, b + 1, config.train.seed)
@@ -685,6 +721,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         finished_cleanly = True
     finally:
         loader.close()
+        rd.wait()  # the last checkpoint write, if one is in flight
         if coco is not None and not finished_cleanly:  # an exception: never wait for pycocotools
             coco[2].abandon()
     if stopped == "time_limit" and epoch >= epochs:

@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from yolo_func.configs import Config, config_from_json, config_to_json
-from yolo_func.io.checkpoint import TEMP_SUFFIX, atomic_write
+from yolo_func.io.checkpoint import TEMP_SUFFIX, atomic_write, write_checkpoint_payload
 from yolo_func.train.checkpoint import (
     DataPosition,
     TrainingCheckpoint,
     load_training_checkpoint,
-    save_training_checkpoint,
+    training_payload,
 )
 from yolo_func.train.state import TrainState
 
@@ -147,6 +147,8 @@ class RunDir:
                              "give a new or empty folder as train.out")
         self.weights.mkdir(parents=True, exist_ok=True)
         self.lock = threading.RLock()  # events.jsonl / coco.csv: the background COCO evaluation appends too
+        self._writer: threading.Thread | None = None  # the checkpoint write in flight (save(background=True))
+        self._writer_error: BaseException | None = None
         for folder in (self.path, self.weights):  # temporary files of writes a kill interrupted
             for tmp in folder.glob(f".*{TEMP_SUFFIX}"):
                 tmp.unlink()
@@ -246,24 +248,60 @@ class RunDir:
     # ---------------------------------------------------------------------------- checkpoints
 
     def save(self, train_state: TrainState, *, config: Config, position: DataPosition, rng: dict | None = None,
-             meta: dict | None = None, best: bool = False) -> Path:
+             meta: dict | None = None, best: bool = False, background: bool = False) -> Path:
         """Write ``weights/last.pt`` atomically (and copy it to ``best.pt``, atomically, when
         ``best``), then log a ``checkpoint`` event. A host sync (tensors copied to the CPU).
+
+        With ``background=True`` only the copy to the CPU happens here; serialising, writing and
+        fsync'ing run on a writer thread while training goes on (measured on one H200: ~0.75 s per
+        epoch of a nano model otherwise). At most one write is in flight: a save waits for the
+        previous one; :meth:`wait` waits for the last (the fit loop calls it before returning,
+        also on Ctrl-C). Each file is still replaced atomically, so a kill at any moment leaves
+        the previous checkpoint loadable; a write that failed raises at the next save or wait.
 
         Returns:
           The path of ``last.pt``.
         """
         t0 = time.perf_counter()
-        save_training_checkpoint(self.last, train_state, config=config, position=position, rng=rng, meta=meta)
-        if best:
-            with open(self.last, "rb") as src:
-                atomic_write(self.best, lambda f: shutil.copyfileobj(src, f, 1 << 20))
-        self.event("checkpoint", epoch=int(position.epoch), batch=int(position.batch), best=bool(best),
-                   seconds=round(time.perf_counter() - t0, 3))
+        self.wait()
+        payload = training_payload(train_state, config=config, position=position, rng=rng, meta=meta)
+        copied = time.perf_counter() - t0
+
+        def write() -> None:
+            write_checkpoint_payload(self.last, payload)
+            if best:
+                with open(self.last, "rb") as src:
+                    atomic_write(self.best, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+            self.event("checkpoint", epoch=int(position.epoch), batch=int(position.batch), best=bool(best),
+                       seconds=round(time.perf_counter() - t0, 3), copy_seconds=round(copied, 3),
+                       background=bool(background))
+
+        if not background:
+            write()
+            return self.last
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as e:  # noqa: BLE001 -- handed to the training thread at the next save/wait
+                self._writer_error = e
+
+        self._writer = threading.Thread(target=run, name="yolo_func-checkpoint", daemon=False)
+        self._writer.start()
         return self.last
+
+    def wait(self) -> None:
+        """Wait for the checkpoint write in flight (if any); re-raise its error."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        if self._writer_error is not None:
+            e, self._writer_error = self._writer_error, None
+            raise RuntimeError(f"[yolo_func] writing the checkpoint {str(self.last)!r} failed: {e}") from e
 
     def load_last(self, template: TrainState, *, config: Config | None = None) -> TrainingCheckpoint:
         """Load ``weights/last.pt`` (see :func:`yolo_func.train.checkpoint.load_training_checkpoint`)."""
+        self.wait()
         return load_training_checkpoint(self.last, template, config=config)
 
     # -------------------------------------------------------------------------------- results
