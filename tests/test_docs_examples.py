@@ -116,8 +116,10 @@ def test_cli_commands_in_docs_parse(where, command, capsys):
 def test_the_parser_check_can_fail(capsys):
     """The CLI check is not vacuous: a made-up flag and a bad value are refused, a good command passes."""
     assert parse_cli("yolo-func train --epochs 1 optim.lr0=0.02").command == "train"
-    with pytest.raises(AssertionError, match="refused"):
+    with pytest.raises(AssertionError, match="unrecognized"):
         parse_cli("yolo-func train --no-such-flag 3")
+    with pytest.raises(AssertionError, match="refused"):
+        parse_cli("yolo-func val --weights W --data D --out DIR --conf")
     with pytest.raises(AssertionError, match="refused"):
         parse_cli("yolo-func demo --imgsz 33")
 
