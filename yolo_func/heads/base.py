@@ -27,6 +27,14 @@ class Head(NamedTuple):
         inference output (for segment also its prototypes, see :mod:`yolo_func.heads.segment`).
       capturable: whether ``apply`` and ``loss`` keep static shapes and never sync with the host
         (needed by the deeper CUDA-graph replay levels).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Head, detect_head
+      >>> head = detect_head(num_classes=5, channels=(64, 128, 256))
+      >>> isinstance(head, Head), head._fields
+      (True, ('init', 'apply', 'loss', 'decode', 'capturable'))
+      >>> quiet = head._replace(capturable=False)    # a head is a value: change a field, get a new head
     """
 
     init: Callable[[torch.Generator], tuple[dict, dict]]

@@ -63,6 +63,16 @@ def detect_head(
 
     Returns:
       ``Head`` whose apply maps ``Feats`` to ``DetectPreds(box_dist float[B, A, 4R], cls_logits float[B, A, K])``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import detect_head
+      >>> head = detect_head(num_classes=5, channels=(64, 128, 256))     # yolov8n's neck channels
+      >>> params, state = head.init(torch.Generator().manual_seed(0))
+      >>> feats = (torch.rand(1, 64, 8, 8), torch.rand(1, 128, 4, 4), torch.rand(1, 256, 2, 2))
+      >>> preds, _ = head.apply(params, state, feats, train=True)
+      >>> tuple(preds.box_dist.shape), tuple(preds.cls_logits.shape)
+      ((1, 84, 64), (1, 84, 5))
     """
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"[yolo_func] detect_head: num_classes must be a positive int, got {num_classes!r}")

@@ -29,6 +29,15 @@ class Inference(NamedTuple):
       y: float[B, 4 + K + E, A]: (cx, cy, w, h) pixels, class probabilities, then E extra channels
         (mask coefficients for segment, decoded keypoints for pose).
       protos: float[B, NM, H/4, W/4] for segmentation models, else None.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> model = yolov8("n", task="segment", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> out = model.predict(params, state, torch.rand(1, 3, 64, 64))
+      >>> tuple(out.y.shape), tuple(out.protos.shape)     # (B, 4 + K + NM, A), (B, NM, H/4, W/4)
+      ((1, 41, 84), (1, 32, 16, 16))
     """
 
     y: torch.Tensor
@@ -85,6 +94,17 @@ class Model:
     """A network and named heads. Build with :func:`yolov8`; swap heads with :meth:`with_heads`.
 
     Params and state trees are ``{"network": ..., "heads": {name: ...}}``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> model = yolov8("n", task="detect", num_classes=5)       # a Model
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> sorted(model.heads), model.num_params(params)
+      (['detect'], 3011823)
+      >>> preds, new_state = model.apply(params, state, torch.rand(1, 3, 64, 64), train=True)
+      >>> model.predict(params, state, torch.rand(1, 3, 64, 64)).y.shape
+      torch.Size([1, 9, 84])
     """
 
     network: Layer
