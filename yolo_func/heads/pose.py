@@ -27,6 +27,15 @@ def decode_keypoints(raw: torch.Tensor, anchors: Anchors, kpt_shape: tuple[int, 
 
     Returns:
       float[B, P*D, A]: ``x = (2 raw_x + ax - 0.5) * s``, same for y, ``v = sigmoid(raw_v)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.assign import make_anchors
+      >>> from yolo_func.heads import decode_keypoints
+      >>> anchors = make_anchors([(8, 8), (4, 4), (2, 2)], (8, 16, 32))
+      >>> k = decode_keypoints(torch.zeros(1, 84, 15), anchors, (5, 3))
+      >>> tuple(k.shape), k[0, :3, 0].tolist()    # x = (0 + 0.5 - 0.5) * 8, y likewise, v = sigmoid(0)
+      ((1, 15, 84), [0.0, 0.0, 0.5])
     """
     P, D = kpt_shape
     B, A, _ = raw.shape

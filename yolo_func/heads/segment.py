@@ -25,6 +25,15 @@ def proto(c_in: int, c_mid: int, num_masks: int) -> Layer:
     output is post-SiLU).
 
     Apply: ``float[B, c_in, H, W] -> float[B, num_masks, 2H, 2W]``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.heads import proto
+      >>> pr = proto(64, 64, 32)
+      >>> p, s = pr.init(torch.Generator().manual_seed(0))
+      >>> y, _ = pr.apply(p, s, torch.rand(1, 64, 8, 8), train=False)
+      >>> tuple(y.shape)
+      (1, 32, 16, 16)
     """
     layers = {
         "cv1": conv_bn_act(c_in, c_mid, 3),

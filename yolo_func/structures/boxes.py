@@ -43,6 +43,12 @@ def xyxy_to_xywh(boxes: torch.Tensor) -> torch.Tensor:
 
     Returns:
       float[..., 4] (cx, cy, w, h).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import xyxy_to_xywh
+      >>> xyxy_to_xywh(torch.tensor([[8.0, 17.0, 12.0, 23.0]]))
+      tensor([[10., 20.,  4.,  6.]])
     """
     _check_last4("xyxy_to_xywh", boxes)
     x1y1, x2y2 = boxes.chunk(2, -1)
@@ -57,6 +63,12 @@ def xywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
 
     Returns:
       float[..., 4] (x1, y1, x2, y2).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import xywh_to_xyxy
+      >>> xywh_to_xyxy(torch.tensor([[10.0, 20.0, 4.0, 6.0]]))
+      tensor([[ 8., 17., 12., 23.]])
     """
     _check_last4("xywh_to_xyxy", boxes)
     xy, wh = boxes.chunk(2, -1)
@@ -72,6 +84,12 @@ def clip_boxes(boxes: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor
 
     Returns:
       float[..., 4].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import clip_boxes
+      >>> clip_boxes(torch.tensor([[-5.0, 10.0, 70.0, 40.0]]), (32, 64))       # image (H, W) = (32, 64)
+      tensor([[ 0., 10., 64., 32.]])
     """
     _check_last4("clip_boxes", boxes)
     h, w = image_size
@@ -87,6 +105,12 @@ def box_area(boxes: torch.Tensor) -> torch.Tensor:
 
     Returns:
       float[...].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import box_area
+      >>> box_area(torch.tensor([[0.0, 0.0, 4.0, 2.0], [5.0, 5.0, 1.0, 1.0]]))   # the second is inverted
+      tensor([8., 0.])
     """
     _check_last4("box_area", boxes)
     x1, y1, x2, y2 = boxes.unbind(-1)

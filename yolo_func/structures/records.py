@@ -51,6 +51,14 @@ class Batch(NamedTuple):
       images: uint8[B, 3, H, W] (0..255; the step divides by 255 on the device) or float[B, 3, H, W]
         in [0, 1]; H and W multiples of 32.
       targets: :class:`Targets` padded to a bucketed ``M``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import Batch, Targets
+      >>> t = Targets(torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.int64), torch.zeros(2, 8, dtype=torch.bool))
+      >>> b = Batch(images=torch.zeros(2, 3, 64, 64, dtype=torch.uint8), targets=t)
+      >>> b.images.dtype, b.targets.boxes.shape
+      (torch.uint8, torch.Size([2, 8, 4]))
     """
 
     images: Tensor
