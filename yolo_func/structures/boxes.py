@@ -127,6 +127,14 @@ def dist2bbox(distance: torch.Tensor, anchor_points: torch.Tensor, *, xywh: bool
 
     Returns:
       float[..., 4].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import dist2bbox
+      >>> dist2bbox(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.tensor([[5.0, 5.0]]))           # ltrb -> xyxy
+      tensor([[4., 3., 8., 9.]])
+      >>> dist2bbox(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.tensor([[5.0, 5.0]]), xywh=True)
+      tensor([[6., 6., 4., 6.]])
     """
     _check_last4("dist2bbox: distance", distance)
     if anchor_points.shape[-1] != 2:
@@ -149,6 +157,12 @@ def bbox2dist(anchor_points: torch.Tensor, bbox: torch.Tensor, reg_max: float) -
 
     Returns:
       float[..., 4].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import bbox2dist
+      >>> bbox2dist(torch.tensor([[4.0, 4.0]]), torch.tensor([[1.0, 2.0, 30.0, 5.0]]), reg_max=16)   # grid units
+      tensor([[ 3.0000,  2.0000, 15.0000,  1.0000]])
     """
     _check_last4("bbox2dist: bbox", bbox)
     if anchor_points.shape[-1] != 2:
@@ -166,6 +180,14 @@ def dfl_expectation(box_dist: torch.Tensor, reg_max: int = 16) -> torch.Tensor:
 
     Returns:
       float[..., 4] distances in grid units.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import dfl_expectation
+      >>> dfl_expectation(torch.zeros(1, 2, 4 * 16)).shape   # float[B, A, 4R] -> float[B, A, 4]; uniform bins -> 7.5
+      torch.Size([1, 2, 4])
+      >>> dfl_expectation(torch.zeros(1, 1, 64))[0, 0, 0].item()
+      7.5
     """
     shape = box_dist.shape[:-1]
     if box_dist.shape[-1] != 4 * reg_max:
@@ -198,6 +220,13 @@ def bbox_iou(box1: torch.Tensor, box2: torch.Tensor, *, kind: str = "iou", eps: 
 
     Raises:
       ValueError: unknown ``kind`` or a last axis that is not 4.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import bbox_iou
+      >>> a, b = torch.tensor([[0.0, 0.0, 2.0, 2.0]]), torch.tensor([[1.0, 0.0, 3.0, 2.0]])
+      >>> bbox_iou(a, b), bbox_iou(a, a, kind="ciou")        # float[..., 1]
+      (tensor([[0.3333]]), tensor([[1.]]))
     """
     if kind not in _IOU_KINDS:
         raise ValueError(f"[yolo_func] bbox_iou: kind must be one of {_IOU_KINDS}, got {kind!r}")
