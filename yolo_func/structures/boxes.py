@@ -161,8 +161,8 @@ def bbox2dist(anchor_points: torch.Tensor, bbox: torch.Tensor, reg_max: float) -
     Example:
       >>> import torch
       >>> from yolo_func.losses import bbox2dist
-      >>> bbox2dist(torch.tensor([[4.0, 4.0]]), torch.tensor([[1.0, 2.0, 30.0, 5.0]]), reg_max=16)   # grid units
-      tensor([[ 3.0000,  2.0000, 15.0000,  1.0000]])
+      >>> bbox2dist(torch.tensor([[4.0, 4.0]]), torch.tensor([[1.0, 2.0, 30.0, 5.0]]), reg_max=16)   # grid units; clamped to 15.99
+      tensor([[ 3.0000,  2.0000, 15.9900,  1.0000]])
     """
     _check_last4("bbox2dist: bbox", bbox)
     if anchor_points.shape[-1] != 2:
@@ -225,8 +225,8 @@ def bbox_iou(box1: torch.Tensor, box2: torch.Tensor, *, kind: str = "iou", eps: 
       >>> import torch
       >>> from yolo_func.losses import bbox_iou
       >>> a, b = torch.tensor([[0.0, 0.0, 2.0, 2.0]]), torch.tensor([[1.0, 0.0, 3.0, 2.0]])
-      >>> bbox_iou(a, b), bbox_iou(a, a, kind="ciou")        # float[..., 1]
-      (tensor([[0.3333]]), tensor([[1.]]))
+      >>> bbox_iou(a, b), bbox_iou(a, a, kind="ciou")        # float[...]
+      (tensor([0.3333]), tensor([1.]))
     """
     if kind not in _IOU_KINDS:
         raise ValueError(f"[yolo_func] bbox_iou: kind must be one of {_IOU_KINDS}, got {kind!r}")
