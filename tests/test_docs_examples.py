@@ -49,8 +49,17 @@ def _python_pages() -> list[Path]:
     return [p for p in PAGES if blocks(p, "python")]
 
 
+@pytest.fixture
+def one_thread():
+    """The examples are tiny: one intra-op thread runs them with far less CPU on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.mark.parametrize("page", _python_pages(), ids=lambda p: p.name)
-def test_python_blocks_run_on_the_cpu(page: Path, tmp_path, monkeypatch):
+def test_python_blocks_run_on_the_cpu(page: Path, tmp_path, monkeypatch, one_thread):
     monkeypatch.chdir(tmp_path)
     # the built-in data is generated into the shared cache (as the CLI does), not into tmp_path
     ns: dict = {"__name__": f"docs_{page.stem}"}
