@@ -5,8 +5,9 @@ Models are yolov8n at 64-128 px, randomly initialised from a fixed generator, wi
 statistics calibrated on one random batch (so activations keep a realistic scale through the
 network instead of fading, as they do with the init's (0, 1) statistics) and the class logits
 scaled down (so scores spread over (0, 1) instead of saturating, and NMS has real decisions).
-Tolerance: rtol 1e-4 with atol 1e-5 of the output's largest magnitude (box and keypoint pixels
-come from differences of large numbers; ORT's and torch's convolutions round differently).
+Tolerance: rtol 1e-4 with atol 1e-4 of the output's largest magnitude: ORT's and torch's float32
+convolutions round differently, and a box centre is a difference of two large DFL distances, so
+an element near zero can carry an absolute error of ~2e-5 of the output range (measured).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _model(task: str, num_classes: int = 3, seed: int = 0):
 
 def _assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert got.shape == want.shape, (what, got.shape, want.shape)
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()), err_msg=what)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()), err_msg=what)
 
 
 def _run(path, images: torch.Tensor) -> list[np.ndarray]:
@@ -66,21 +67,18 @@ def pose(tmp_path_factory):
     return model, params, state, path
 
 
-def test_segment_static_equals_predict(tmp_path):
-    model, params, state = _model("segment")
-    path = to_onnx(model, params, state, tmp_path / "seg.onnx", image_size=(64, 96), batch=2)
+def test_detect_static_equals_predict(tmp_path):
+    model, params, state = _model("detect")
+    path = to_onnx(model, params, state, tmp_path / "det.onnx", image_size=(64, 96), batch=2)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [(i.name, i.shape) for i in session.get_inputs()] == [("images", [2, 3, 64, 96])]
-    assert [o.name for o in session.get_outputs()] == ["output0", "output1"]
+    assert [(o.name, o.shape) for o in session.get_outputs()] == [("output0", [2, 4 + 3, 8 * 12 + 4 * 6 + 2 * 3])]
     images = _images(2, 64, 96, 1)
-    y, protos = _run(path, images)
-    ref = model.predict(params, state, images)
-    _assert_close(y, ref.y.numpy(), "segment output0")  # [2, 4 + 3 + 32, 8*12 + 4*6 + 2*3]
-    _assert_close(protos, ref.protos.numpy(), "segment output1")
-    assert y.shape == (2, 39, 126) and protos.shape == (2, 32, 16, 24)
+    (y,) = _run(path, images)
+    _assert_close(y, model.predict(params, state, images).y.numpy(), "detect output0")
     meta = read_metadata(path)
-    assert meta["task"] == "segment" and meta["num_masks"] == 32 and meta["imgsz"] == [64, 96]
-    assert meta["batch"] == 2 and meta["dynamic"] is False and meta["nms"] is False
+    assert meta["task"] == "detect" and meta["imgsz"] == [64, 96] and meta["batch"] == 2
+    assert meta["dynamic"] is False and meta["nms"] is False and meta["half"] is False
     assert meta["stride"] == 32 and meta["strides"] == [8, 16, 32] and meta["names"] == ["0", "1", "2"]
 
 
@@ -121,7 +119,7 @@ def test_nms_in_the_graph_equals_postprocess(pose):
         assert (np.diff(scores[rows]) <= 0).all()
 
 
-def _checkpoint(path, task="detect", names=("person", "bicycle")):
+def _checkpoint(path, task, names):
     from yolo_func.configs import apply_overrides, config_to_dict, get_recipe
     from yolo_func.io import save_checkpoint
 
@@ -131,19 +129,23 @@ def _checkpoint(path, task="detect", names=("person", "bicycle")):
     return model, params, state
 
 
-def test_cli_exports_a_checkpoint(tmp_path, capsys):
-    model, params, state = _checkpoint(tmp_path / "last.pt")
+def test_cli_exports_a_segment_checkpoint_with_dynamic_shapes(tmp_path, capsys):
+    model, params, state = _checkpoint(tmp_path / "last.pt", "segment", ["person", "bicycle"])
     out = tmp_path / "out" / "m.onnx"
     assert main(["export", "--weights", str(tmp_path / "last.pt"), "--imgsz", "64", "--dynamic", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "onnxruntime check: max |onnx - predict|" in printed
     meta = read_metadata(out)
-    assert meta["names"] == ["person", "bicycle"] and meta["task"] == "detect" and meta["imgsz"] == [64, 64]
-    for b in (1, 3):  # dynamic batch
-        images = _images(b, 64, 64, b)
-        (y,) = _run(out, images)
-        _assert_close(y, model.predict(params, state, images).y.numpy(), f"detect output0, batch {b}")
-        assert y.shape == (b, 4 + 2, 84)
+    assert meta["names"] == ["person", "bicycle"] and meta["task"] == "segment" and meta["num_masks"] == 32
+    assert meta["outputs"] == ["output0", "output1"] and meta["batch"] == "dynamic"
+    for b, h, w in ((1, 64, 64), (3, 96, 64)):  # dynamic batch and size
+        images = _images(b, h, w, b)
+        y, protos = _run(out, images)
+        ref = model.predict(params, state, images)
+        _assert_close(y, ref.y.numpy(), f"segment output0 at {(b, h, w)}")
+        _assert_close(protos, ref.protos.numpy(), f"segment output1 at {(b, h, w)}")
+        assert y.shape == (b, 4 + 2 + 32, (h // 8) * (w // 8) + (h // 16) * (w // 16) + (h // 32) * (w // 32))
+        assert protos.shape == (b, 32, h // 4, w // 4)
 
 
 @pytest.mark.slow

@@ -93,7 +93,7 @@ def _export(args: argparse.Namespace) -> int:
         print("onnxruntime is not installed: the file was not checked (pip install onnxruntime)")
         return 0
     print(f"onnxruntime check: max |onnx - predict| = {err:.1e} of the largest output value")
-    if err > 1e-4:
+    if err > 1e-3:  # float32 exports measure ~1e-6 .. 3e-5
         print(f"[yolo_func] export: the ONNX file differs from model.predict by {err:.1e} (relative); "
               "please report this with the command line", file=sys.stderr)
         return 1
