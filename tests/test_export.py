@@ -149,24 +149,33 @@ def test_cli_exports_a_segment_checkpoint_with_dynamic_shapes(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_half_export_is_float16(tmp_path):
+def test_half_export_with_nms(tmp_path):
+    """float16 file with NMS: float16 input, float32 NMS outputs, detections close to the float32
+    ``postprocess`` (loosely: float16 keeps ~3 significant digits through 50+ layers)."""
     model, params, state = _model("detect")
-    path = to_onnx(model, params, state, tmp_path / "h.onnx", image_size=64, half=True)
+    path = to_onnx(model, params, state, tmp_path / "h.onnx", image_size=64, half=True, nms=True, conf=0.5, iou=0.6,
+                   max_det=10)
     proto = onnx.load(str(path))
     assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-    assert proto.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-    assert read_metadata(path)["half"] is True
+    types = {o.name: o.type.tensor_type.elem_type for o in proto.graph.output}
+    F, I = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    assert types == {"det_batch": I, "det_boxes": F, "det_scores": F, "det_classes": I}
+    meta = read_metadata(path)
+    assert meta["half"] is True and meta["nms"] is True and (meta["conf"], meta["iou"], meta["max_det"]) == (0.5, 0.6, 10)
     images = _images(1, 64, 64, 5)
     try:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        (y,) = session.run(None, {"images": images.half().numpy()})
+        batch_idx, boxes, scores, classes = session.run(None, {"images": images.half().numpy()})
     except Exception as e:  # noqa: BLE001 - ORT builds differ in the float16 kernels they have on the CPU
         if "NOT_IMPLEMENTED" in str(e) or "Could not find an implementation" in str(e):
             pytest.skip(f"this onnxruntime has no float16 CPU kernel for the graph (half is meant for GPU runtimes): {e}")
         raise
-    ref = model.predict(params, state, images).y.numpy()
-    # float16 keeps ~3 significant digits; 50+ layers of rounding: compare loosely.
-    np.testing.assert_allclose(y.astype(np.float32), ref, rtol=2e-2, atol=2e-2 * float(np.abs(ref).max()))
+    (want,) = postprocess(model.predict(params, state, images), conf=0.5, iou=0.6, max_det=10)
+    assert (batch_idx == 0).all() and len(want.boxes) >= 3 and abs(len(boxes) - len(want.boxes)) <= 1
+    # the best detection is the same one
+    assert classes[0] == int(want.classes[0])
+    np.testing.assert_allclose(scores[0], float(want.scores[0]), rtol=2e-2)
+    np.testing.assert_allclose(boxes[0], want.boxes[0].numpy(), rtol=2e-2, atol=2e-2 * float(want.boxes.abs().max()))
 
 
 # -- errors ---------------------------------------------------------------------------------------

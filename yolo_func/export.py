@@ -43,6 +43,7 @@ Needs ``onnx`` and ``onnxscript`` (``pip install 'yolo_func[export]'``, which al
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -169,16 +170,18 @@ def add_nms(proto: Any, *, num_classes: int, conf: float = 0.25, iou: float = 0.
     if channels < 4 + num_classes:
         raise ValueError(f"[yolo_func] add_nms: the graph needs a raw output0 float[B, 4 + K + E, A] with static "
                          f"channels >= 4 + {num_classes}; got outputs {[o.name for o in g.output]} "
-                         f"(output0 channels {channels or 'unknown'}); pass a to_onnx(..., nms=False) model")
+                         f"(output0 channels {channels or 'unknown'}); pass a to_onnx(..., nms=False) model and its num_classes")
     K, E = num_classes, channels - 4 - num_classes
     inits = {
         "nms/axis2": np.array([2], np.int64), "nms/axis1": np.array([1], np.int64),
         "nms/s0": np.array([0], np.int64), "nms/s2": np.array([2], np.int64), "nms/s4": np.array([4], np.int64),
-        "nms/s4K": np.array([4 + K], np.int64), "nms/end": np.array([np.iinfo(np.int64).max], np.int64),
+        "nms/s4K": np.array([4 + K], np.int64),
         "nms/two": np.array(2.0, np.float32), "nms/offset": np.array(CLASS_OFFSET, np.float32),
         "nms/max_det": np.array([max_det], np.int64), "nms/iou": np.array([iou], np.float32),
         "nms/conf": np.array([conf], np.float32), "nms/i0": np.array(0, np.int64), "nms/i2": np.array(2, np.int64),
     }
+    if E:
+        inits["nms/end"] = np.array([np.iinfo(np.int64).max], np.int64)
     for name, value in inits.items():
         g.initializer.append(numpy_helper.from_array(value, name))
     n = helper.make_node
@@ -343,6 +346,9 @@ def to_onnx(
         raise ValueError(f"[yolo_func] to_onnx: path must end in .onnx, got {str(path)!r}")
     onnx = _require("onnx")
     _require("onnxscript")  # the torch.export-based exporter translates through it
+    if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 6):
+        raise ImportError(f"[yolo_func] ONNX export needs torch >= 2.6 (torch.onnx.export(..., dynamo=True) returning "
+                          f"the program), found {torch.__version__}; pip install -U torch")
     model.check_trees(params, state)
 
     dtype = torch.float16 if half else torch.float32
@@ -361,11 +367,17 @@ def to_onnx(
             3: 32 * Dim("width_32", min=1, max=_MAX_SIDE_32),
         }}
     output_names = ["output0"] + (["output1"] if model.task == "segment" else [])
+    registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry_log.level
+    registry_log.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::nms": not used here
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # exporter chatter (deprecations in its dependencies)
-        program = torch.onnx.export(module, (images,), None, input_names=["images"], output_names=output_names,
-                                    opset_version=opset, dynamo=True, external_data=False, verbose=False,
-                                    optimize=True, **kwargs)
+        try:
+            program = torch.onnx.export(module, (images,), None, input_names=["images"], output_names=output_names,
+                                        opset_version=opset, dynamo=True, external_data=False, verbose=False,
+                                        optimize=True, **kwargs)
+        finally:
+            registry_log.setLevel(level)
     proto = program.model_proto
     E = proto.graph.output[0].type.tensor_type.shape.dim[1].dim_value - 4 - K  # static even when dynamic
     if nms:
