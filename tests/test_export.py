@@ -1,5 +1,5 @@
 """ONNX export: onnxruntime runs the file and gets ``model.predict``'s output (detect, segment, pose),
-dynamic shapes, NMS in the graph against :func:`yolo_func.eval.postprocess`, the CLI, clear errors.
+dynamic batch and size (pose; a dynamic export costs ~2.5x a static one), NMS in the graph against :func:`yolo_func.eval.postprocess`, the CLI, clear errors.
 
 Models are yolov8n at 64-128 px, randomly initialised from a fixed generator, with BatchNorm
 statistics calibrated on one random batch (so activations keep a realistic scale through the
@@ -129,23 +129,21 @@ def _checkpoint(path, task, names):
     return model, params, state
 
 
-def test_cli_exports_a_segment_checkpoint_with_dynamic_shapes(tmp_path, capsys):
+def test_cli_exports_a_segment_checkpoint(tmp_path, capsys):
     model, params, state = _checkpoint(tmp_path / "last.pt", "segment", ["person", "bicycle"])
     out = tmp_path / "out" / "m.onnx"
-    assert main(["export", "--weights", str(tmp_path / "last.pt"), "--imgsz", "64", "--dynamic", "--out", str(out)]) == 0
+    assert main(["export", "--weights", str(tmp_path / "last.pt"), "--imgsz", "64", "--batch", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "onnxruntime check: max |onnx - predict|" in printed
     meta = read_metadata(out)
     assert meta["names"] == ["person", "bicycle"] and meta["task"] == "segment" and meta["num_masks"] == 32
-    assert meta["outputs"] == ["output0", "output1"] and meta["batch"] == "dynamic"
-    for b, h, w in ((1, 64, 64), (3, 96, 64)):  # dynamic batch and size
-        images = _images(b, h, w, b)
-        y, protos = _run(out, images)
-        ref = model.predict(params, state, images)
-        _assert_close(y, ref.y.numpy(), f"segment output0 at {(b, h, w)}")
-        _assert_close(protos, ref.protos.numpy(), f"segment output1 at {(b, h, w)}")
-        assert y.shape == (b, 4 + 2 + 32, (h // 8) * (w // 8) + (h // 16) * (w // 16) + (h // 32) * (w // 32))
-        assert protos.shape == (b, 32, h // 4, w // 4)
+    assert meta["outputs"] == ["output0", "output1"] and meta["batch"] == 2 and meta["imgsz"] == [64, 64]
+    images = _images(2, 64, 64, 2)
+    y, protos = _run(out, images)
+    ref = model.predict(params, state, images)
+    _assert_close(y, ref.y.numpy(), "segment output0")
+    _assert_close(protos, ref.protos.numpy(), "segment output1")
+    assert y.shape == (2, 4 + 2 + 32, 84) and protos.shape == (2, 32, 16, 16)
 
 
 @pytest.mark.slow
