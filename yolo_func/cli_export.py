@@ -82,7 +82,7 @@ def _export(args: argparse.Namespace) -> int:
         return 1
     meta = read_metadata(path)
     size_mb = path.stat().st_size / 2**20
-    print(f"wrote {path} ({size_mb:.1f} MB): yolov8{w.model.scale} {w.model.task}, {w.model.num_classes} classes, "
+    print(f"wrote {path} ({size_mb:.1f} MB): yolov8{w.model.scale} {w.model.task}, {w.model.num_classes} class{'' if w.model.num_classes == 1 else 'es'}, "
           f"input images [{'B' if args.dynamic else args.batch}, 3, {'H' if args.dynamic else args.imgsz}, "
           f"{'W' if args.dynamic else args.imgsz}]{' float16' if args.half else ''}, outputs {', '.join(meta['outputs'])}")
     if args.nms or args.half:
