@@ -118,6 +118,13 @@ def child_ours(spec: dict) -> None:
     m = result.metrics or {}
     out["metrics"] = scalars(m)
     out["capture"] = spec["capture"]
+    try:  # where the time between training windows went: the fit's per-epoch phases (events.jsonl)
+        events = [json.loads(line) for line in (Path(result.run_dir) / "events.jsonl").read_text().splitlines()]
+        out["epoch_timing"] = [e.get("timing") for e in events if e["event"] == "epoch"]
+        out["checkpoint_events"] = [{k: e.get(k) for k in ("epoch", "seconds", "copy_seconds", "background")}
+                                    for e in events if e["event"] == "checkpoint"]
+    except (OSError, ValueError, KeyError) as e:
+        out["epoch_timing_error"] = f"{type(e).__name__}: {e}"
     emit_result(out)
 
 
