@@ -52,7 +52,10 @@ def main(argv=None) -> dict:
 
     # init: the model is a value; params and BN statistics are plain dicts drawn from a CPU generator
     model = yolov8("n", task=TASK, num_classes=len(train_ds.names))
-    opt, avg = yolo_sgd(batch_size=batch, batches_per_epoch=len(loader), epochs=-(-steps // len(loader))), ema()
+    # the reference recipe; its nominal batch nbs=64 sums round(64 / batch) batches per optimizer step,
+    # so short CPU runs use nbs=batch (an optimizer step every batch)
+    opt = yolo_sgd(batch_size=batch, batches_per_epoch=len(loader), epochs=-(-steps // len(loader)), nbs=64 if gpu else batch)
+    avg = ema()
     ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), device=a.device, ema=avg)
     step = ReplayTrainStep(model, opt.tx, ema=avg, capture="network" if gpu else "none")
 
