@@ -134,6 +134,17 @@ class RunDir:
     Raises:
       ValueError: ``path`` exists, is not empty and is not a run folder (no ``config.json``), or an
         existing ``results.csv`` has other columns (another task).
+
+    Example:
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> from yolo_func.configs import get_recipe
+      >>> from yolo_func.train import RunDir
+      >>> run = RunDir(Path(tempfile.mkdtemp()) / "exp", task="detect")
+      >>> run.write_config(get_recipe("yolov8n")).name
+      'config.json'
+      >>> sorted(p.name for p in run.path.iterdir()), run.resumable
+      (['config.json', 'weights'], False)
     """
 
     def __init__(self, path: str | os.PathLike, *, task: str):
@@ -306,13 +317,15 @@ class RunDir:
 
     # -------------------------------------------------------------------------------- results
 
-    def log_epoch(self, row: Mapping[str, Any]) -> bool:
+    def log_epoch(self, row: Mapping[str, Any], *, timing: Mapping[str, float] | None = None) -> bool:
         """Append one row to ``results.csv`` (the header first when the file is new) and log an
         ``epoch`` event holding the row as ``results``.
 
         Args:
           row: ``{column: number}``; ``epoch`` is required, missing columns stay empty (e.g. an
             epoch without validation), ``fitness`` is computed from the metrics when absent.
+          timing: optional ``{phase: seconds}`` stored in the event as ``timing`` (not in the CSV),
+            e.g. the fit's ``first_batch`` / ``train`` / ``val`` / ``checkpoint_wait`` seconds.
 
         Returns:
           True when this row's fitness is the best so far (the caller then saves ``best.pt``).
@@ -339,7 +352,8 @@ class RunDir:
             f.write(buf.getvalue())
             f.flush()
             os.fsync(f.fileno())
-        self.event("epoch", epoch=int(row["epoch"]), results={k: v for k, v in row.items() if v is not None})
+        extra = {} if timing is None else {"timing": {k: round(float(v), 4) for k, v in timing.items()}}
+        self.event("epoch", epoch=int(row["epoch"]), results={k: v for k, v in row.items() if v is not None}, **extra)
         return row["fitness"] is not None and all(row["fitness"] > p for p in previous)
 
     def read_results(self) -> list[dict[str, Any]]:
