@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_export_command", "check_onnx"]
+__all__ = ["add_export_command"]
 
 
 def _format(text: str) -> str:
@@ -24,7 +24,7 @@ def _format(text: str) -> str:
     return value
 
 
-def check_onnx(path: str | Path, model: Any, params: dict, state: dict, *, image_size: int, batch: int = 1,
+def _check_onnx(path: str | Path, model: Any, params: dict, state: dict, *, image_size: int, batch: int = 1,
                seed: int = 0) -> float:
     """Run an exported raw (no NMS) ONNX file in onnxruntime on random images and compare it with
     ``model.predict``.
@@ -88,7 +88,7 @@ def _export(args: argparse.Namespace) -> int:
     if args.nms or args.half:
         return 0
     try:
-        err = check_onnx(path, w.model, w.params, w.state, image_size=args.imgsz, batch=1 if args.dynamic else args.batch)
+        err = _check_onnx(path, w.model, w.params, w.state, image_size=args.imgsz, batch=1 if args.dynamic else args.batch)
     except ImportError:
         print("onnxruntime is not installed: the file was not checked (pip install onnxruntime)")
         return 0
@@ -110,6 +110,14 @@ def add_export_command(sub: Any, image_size_type: Any, positive_int_type: Any) -
     Returns:
       ``{"export": handler}`` (the handler takes the parsed namespace and returns the exit status:
       0 written, 1 the export extra missing or the onnxruntime check failed, 2 bad input).
+
+    Example:
+      >>> import argparse
+      >>> sub = argparse.ArgumentParser(prog="yolo-func").add_subparsers(dest="command")
+      >>> handlers = add_export_command(sub, int, int)
+      >>> args = sub.choices["export"].parse_args(["--weights", "best.pt", "--dynamic"])
+      >>> sorted(handlers), args.format, args.imgsz, args.dynamic, args.opset
+      (['export'], 'onnx', 640, True, 20)
     """
     from yolo_func.export import DEFAULT_OPSET
 

@@ -157,6 +157,24 @@ def add_nms(proto: Any, *, num_classes: int, conf: float = 0.25, iou: float = 0.
 
     Raises:
       ValueError: no ``output0`` or its channel count is not static / smaller than 4 + K.
+
+    Example:
+      >>> import numpy as np, onnx, onnxruntime as ort
+      >>> from onnx import TensorProto, helper
+      >>> raw = helper.make_model(helper.make_graph(  # a stand-in "network": output0 = its input
+      ...     [helper.make_node("Identity", ["y"], ["output0"])], "raw",
+      ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 3])],
+      ...     [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 6, 3])]),
+      ...     opset_imports=[helper.make_opsetid("", 20)])
+      >>> y = np.array([[[10, 11, 50],  # cx of 3 anchors; K = 2 classes
+      ...                [10, 10, 50],  # cy
+      ...                [8, 8, 8], [8, 8, 8],  # w, h: anchors 0 and 1 overlap (IoU 0.78)
+      ...                [0.9, 0.8, 0.1],  # class 0 scores
+      ...                [0.1, 0.1, 0.7]]], np.float32)  # class 1 scores
+      >>> session = ort.InferenceSession(add_nms(raw, num_classes=2, iou=0.7).SerializeToString())
+      >>> batch, boxes, scores, classes = session.run(None, {"y": y})
+      >>> boxes.tolist(), [round(float(v), 2) for v in scores], classes.tolist()  # anchor 1 suppressed
+      ([[6.0, 6.0, 14.0, 14.0], [46.0, 46.0, 54.0, 54.0]], [0.9, 0.7], [0, 1])
     """
     onnx = _require("onnx")
     from onnx import TensorProto, helper, numpy_helper
@@ -254,6 +272,18 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
     Raises:
       ValueError: the file cannot be read as ONNX.
+
+    Example:
+      >>> import os, tempfile, onnx
+      >>> from onnx import TensorProto, helper
+      >>> graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+      ...                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+      ...                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+      >>> proto = helper.make_model(graph)
+      >>> helper.set_model_props(proto, {"task": "detect", "names": '["person", "car"]', "imgsz": "[640, 640]"})
+      >>> f = os.path.join(tempfile.mkdtemp(), "m.onnx"); onnx.save(proto, f)
+      >>> read_metadata(f)
+      {'task': 'detect', 'names': ['person', 'car'], 'imgsz': [640, 640]}
     """
     onnx = _require("onnx")
     try:
