@@ -119,7 +119,9 @@ def open_dataset(data: str | Path, *, task: str, images: str | Path | None = Non
     """The dataset ``yolo-func val --data`` names.
 
     Args:
-      data: a COCO folder (``annotations.json`` + ``images/``), a COCO ``.json`` or a YOLO ``.yaml``.
+      data: a COCO folder (``annotations.json`` + ``images/``), a COCO ``.json``, a YOLO ``.yaml``, or
+        ``"builtin"``: the built-in data's val split of ``task`` (what ``yolo-func train`` trains on
+        by default; generated on first use, then read from the cache).
       task: the model's task.
       images: the image folder of a COCO JSON (default: ``images`` next to the JSON).
 
@@ -134,8 +136,10 @@ def open_dataset(data: str | Path, *, task: str, images: str | Path | None = Non
       >>> type(ds).__name__, len(ds)
       ('CocoDataset', 2)
     """
-    from yolo_func.data import CocoDataset, YoloDataset
+    from yolo_func.data import CocoDataset, YoloDataset, builtin_dataset
 
+    if str(data) == "builtin":  # the same val split the fit validates on (configs' data.path="builtin")
+        return builtin_dataset(task, "val", seed=0)
     data = Path(data)
     if data.is_dir() and (data / "annotations.json").is_file():
         return CocoDataset(data / "annotations.json", Path(images) if images else data / "images", task=task)
@@ -144,7 +148,7 @@ def open_dataset(data: str | Path, *, task: str, images: str | Path | None = Non
     if data.is_file() and data.suffix.lower() in (".yaml", ".yml"):
         return YoloDataset(data, "val", task=task)
     raise ValueError(f"[yolo_func] --data {str(data)!r}: expected a COCO folder (annotations.json + images/), a COCO "
-                     "JSON (with --images) or a YOLO data.yaml")
+                     "JSON (with --images), a YOLO data.yaml or 'builtin'")
 
 
 def class_mapping(model_names: list[str], dataset_names: list[str]) -> tuple[list[int], str]:
@@ -265,7 +269,7 @@ def add_eval_commands(sub: Any, image_size_type: Any, positive_int_type: Any) ->
     val = sub.add_parser("val", help="validate weights on a dataset: pycocotools metrics and predictions JSON",
                          formatter_class=fmt)
     val.add_argument("--weights", required=True, default=argparse.SUPPRESS, help="our checkpoint or a reference-layout .pt")
-    val.add_argument("--data", required=True, default=argparse.SUPPRESS, help="a COCO folder (annotations.json + images/), a COCO JSON or a YOLO data.yaml")
+    val.add_argument("--data", required=True, default=argparse.SUPPRESS, help="a COCO folder (annotations.json + images/), a COCO JSON, a YOLO data.yaml or 'builtin' (the built-in val split)")
     val.add_argument("--images", default=None, help="image folder of a COCO JSON; None: the images/ folder next to it")
     val.add_argument("--out", required=True, default=argparse.SUPPRESS, help="output folder for metrics.json and predictions.json")
     val.add_argument("--imgsz", type=image_size_type, default=640, help="long side of the val images, a multiple of 32")
