@@ -20,8 +20,8 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
+import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -41,8 +41,10 @@ __all__ = [
     "load_coco",
     "category_ids_for",
     "encode_mask",
+    "encode_masks",
     "to_coco_results",
     "evaluate",
+    "coco_workers",
     "format_table",
     "CocoEvaluator",
     "quiet_stdout",
@@ -120,8 +122,10 @@ def load_coco(annotations: Any):
       annotations: path to an instances / person-keypoints JSON, its parsed dict, or a ``COCO``.
 
     Returns:
-      ``pycocotools.coco.COCO`` (a copy of the dict is indexed; a ``COCO`` is returned as is, with
-      ``info`` and ``licenses`` added when missing).
+      ``pycocotools.coco.COCO`` (a dict is indexed through a shallow copy: new top-level and
+      per-annotation dicts, the values shared, so what ``COCOeval`` writes into the ground truth
+      (``ignore``, polygons turned into RLE) never reaches the caller's dict, and nothing big is
+      copied; a ``COCO`` is returned as is, with ``info`` and ``licenses`` added when missing).
 
     Raises:
       TypeError: another type. ValueError: a dict without ``images`` / ``annotations`` / ``categories``.
@@ -136,7 +140,7 @@ def load_coco(annotations: Any):
                 raise ValueError(f"[yolo_func] annotations file {str(path)!r} does not exist; pass a COCO JSON path")
             data = json.loads(path.read_text())
         elif isinstance(annotations, Mapping):
-            data = copy.deepcopy(dict(annotations))
+            data = _shallow_copy(annotations)
         else:
             raise TypeError(
                 f"[yolo_func] annotations must be a path, a dict or a pycocotools COCO, got {type(annotations).__name__}"
@@ -151,6 +155,16 @@ def load_coco(annotations: Any):
     coco.dataset.setdefault("info", {})
     coco.dataset.setdefault("licenses", [])
     return coco
+
+
+def _shallow_copy(annotations: Mapping) -> dict:
+    """A COCO dict whose top level and annotation entries are new dicts (values shared): what
+    pycocotools assigns to ground-truth annotations (``ignore``, ``segmentation`` as RLE) lands in
+    the copy; lists and coordinates are not copied."""
+    data = dict(annotations)
+    if isinstance(data.get("annotations"), list):
+        data["annotations"] = [dict(a) if isinstance(a, Mapping) else a for a in data["annotations"]]
+    return data
 
 
 def category_ids_for(coco, num_classes: int) -> list[int]:
@@ -178,11 +192,36 @@ def encode_mask(mask: np.ndarray) -> dict:
     Returns:
       ``{"size": [h, w], "counts": str}``.
     """
+    return encode_masks(np.asarray(mask)[None])[0]
+
+
+def encode_masks(masks: np.ndarray) -> list[dict]:
+    """Compressed RLEs of N binary masks with one ``pycocotools.mask.encode`` call (a Fortran-ordered
+    uint8[h, w, N] array), JSON-ready; equal to :func:`encode_mask` of each.
+
+    Args:
+      masks: bool or uint8[N, h, w].
+
+    Returns:
+      N ``{"size": [h, w], "counts": str}``.
+
+    Example:
+      >>> rles = encode_masks(np.ones((2, 3, 4), bool))
+      >>> rles[0]["size"], len(rles)
+      ([3, 4], 2)
+    """
     from pycocotools import mask as mask_utils
 
-    rle = mask_utils.encode(np.asfortranarray(np.asarray(mask, dtype=np.uint8)[:, :, None]))[0]
-    rle["counts"] = rle["counts"].decode("utf-8")
-    return rle
+    masks = np.asarray(masks)
+    if masks.ndim != 3:
+        raise ValueError(f"[yolo_func] encode_masks: expected masks bool[N, h, w], got shape {masks.shape}")
+    if masks.shape[0] == 0:
+        return []
+    # [N, h, w] C-order viewed as [h, w, N] is already Fortran-ordered: no copy beyond the uint8 cast.
+    rles = mask_utils.encode(np.asfortranarray(masks.astype(np.uint8, copy=False).transpose(1, 2, 0)))
+    for rle in rles:
+        rle["counts"] = rle["counts"].decode("utf-8")
+    return rles
 
 
 def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequence[int]) -> list[dict]:
@@ -195,7 +234,10 @@ def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequ
       category_ids: category id of each class index.
 
     Returns:
-      A list of ``{"image_id", "category_id", "bbox", "score"[, "segmentation"][, "keypoints"]}``.
+      A list of ``{"image_id", "category_id", "bbox", "score"[, "segmentation"][, "keypoints"]}``:
+      bbox ``[x, y, w, h]`` (w = x2 - x1 in float64) rounded to 3 decimals and the score to 5 with
+      Python's ``round``; the arrays are converted with one ``tolist`` each and the masks encoded
+      with one :func:`encode_masks` call.
 
     Raises:
       ValueError: a class index outside ``category_ids``.
@@ -208,27 +250,78 @@ def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequ
             f"[yolo_func] to_coco_results: class index {int(classes.max())} has no category id "
             f"({len(category_ids)} given); pass one category id per model class"
         )
-    masks = None if detections.masks is None else detections.masks.detach().cpu().numpy()
-    kpts = None if detections.keypoints is None else detections.keypoints.detach().double().cpu().numpy()
-    out = []
-    for i in range(len(scores)):
-        x1, y1, x2, y2 = boxes[i]
-        rec = {
-            "image_id": int(image_id),
-            "category_id": int(category_ids[classes[i]]),
-            "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)],
-            "score": round(float(scores[i]), 5),
-        }
-        if masks is not None:
-            rec["segmentation"] = encode_mask(masks[i])
-        if kpts is not None:
-            rec["keypoints"] = [float(v) for v in kpts[i].reshape(-1)]
-        out.append(rec)
+    n = len(scores)
+    xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1).tolist() if n else []
+    cats = np.asarray(category_ids, dtype=np.int64)[classes].tolist() if n else []
+    image_id = int(image_id)
+    out = [
+        {"image_id": image_id, "category_id": c, "bbox": [round(x, 3), round(y, 3), round(w, 3), round(h, 3)],
+         "score": round(sc, 5)}
+        for (x, y, w, h), sc, c in zip(xywh, scores.tolist(), cats)
+    ]
+    if detections.masks is not None and n:
+        for rec, rle in zip(out, encode_masks(detections.masks.detach().cpu().numpy())):
+            rec["segmentation"] = rle
+    if detections.keypoints is not None and n:
+        kpts = detections.keypoints.detach().double().cpu().numpy().reshape(n, -1).tolist()
+        for rec, k in zip(out, kpts):
+            rec["keypoints"] = k
     return out
 
 
 def _zeros(iou_type: str) -> dict[str, float]:
     return {k: 0.0 for k in (KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS)}
+
+
+def _evaluate_type(coco, results: list[dict], iou_type: str, image_ids, kpt_sigmas) -> dict[str, float]:
+    """One pycocotools evaluation (``loadRes`` of per-record copies: it writes ``area``, ``id`` and,
+    for keypoints, ``bbox`` into the records, which must not leak into another type or the caller)."""
+    _, COCOeval = _coco_api()
+    with quiet_stdout():
+        dt = coco.loadRes([dict(r) for r in results])
+        ev = COCOeval(coco, dt, iou_type)
+        if image_ids is not None:
+            ev.params.imgIds = sorted(int(i) for i in image_ids)
+        if iou_type == "keypoints":
+            cats = coco.loadCats(coco.getCatIds())
+            num_kpts = len(cats[0].get("keypoints", [])) or len(results[0]["keypoints"]) // 3
+            if kpt_sigmas is not None:
+                ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
+            elif num_kpts != 17:
+                ev.params.kpt_oks_sigmas = np.full(num_kpts, 1.0 / num_kpts)
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    keys = KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS
+    return {k: max(float(v), 0.0) for k, v in zip(keys, ev.stats)}
+
+
+#: What forked workers evaluate (set in the parent just before the fork, so nothing is pickled).
+_FORK_JOB: tuple | None = None
+
+
+def _forked_type(iou_type: str) -> dict[str, float]:
+    coco, results, image_ids, kpt_sigmas = _FORK_JOB  # type: ignore[misc]
+    return _evaluate_type(coco, results, iou_type, image_ids, kpt_sigmas)
+
+
+def coco_workers(workers: int | None, jobs: int) -> int:
+    """Worker processes for ``jobs`` pycocotools evaluations: ``workers`` None (auto) gives one per
+    job, at most the number of cores, and 0 (serial, in this process) unless this is the main
+    thread of a Linux process (the workers are forked: a fork from a background thread, e.g. the
+    fit loop's COCO thread, could inherit locks other threads hold); 0 or 1 job also gives 0.
+
+    Example:
+      >>> coco_workers(0, 3)
+      0
+    """
+    if workers is not None:
+        if int(workers) < 0:
+            raise ValueError(f"[yolo_func] coco_workers must be >= 0 (0: serial) or None (auto), got {workers!r}")
+        return 0 if jobs <= 1 else min(int(workers), jobs)
+    if jobs <= 1 or sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return 0
+    return min(jobs, os.cpu_count() or 1) if (os.cpu_count() or 1) > 1 else 0
 
 
 def evaluate(
@@ -239,27 +332,33 @@ def evaluate(
     kpt_sigmas: Sequence[float] | None = None,
     image_ids: Sequence[int] | None = None,
     verbose: bool = True,
+    workers: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """pycocotools evaluation of COCO result records.
 
     Args:
       annotations: the ground truth (path, dict or ``COCO``; see :func:`load_coco`).
-      results: records as :func:`to_coco_results` makes them (a list of dicts).
+      results: records as :func:`to_coco_results` makes them (a list of dicts); not modified.
       iou_types: subset of ``("bbox", "segm", "keypoints")``; default: ``bbox`` plus ``segm`` /
         ``keypoints`` when the records carry ``segmentation`` / ``keypoints``.
       kpt_sigmas: OKS sigmas (P values); default pycocotools' COCO sigmas for 17 keypoints, else
         ``1 / P`` each.
       image_ids: evaluate on these images only (default: every image of the annotations).
       verbose: print the table (pycocotools' own printing is silenced).
+      workers: processes running the iou types side by side (forked, so the ground truth and the
+        records are not pickled; each returns only its numbers); 0 = one after the other in this
+        process; None = auto (:func:`coco_workers`: one per iou type on Linux from the main thread).
+        The numbers do not depend on it.
 
     Returns:
       ``{iou_type: {key: value}}`` with the keys of :data:`BOX_KEYS` / :data:`KEYPOINT_KEYS`; stats
       pycocotools reports as -1 (no GT in a bucket) become 0.0; empty ``results`` give zeros.
 
     Raises:
-      ValueError: an unknown iou type, or a records list that lacks what an iou type needs.
+      ValueError: an unknown iou type, a records list that lacks what an iou type needs, or a
+        negative ``workers``.
     """
-    _, COCOeval = _coco_api()
+    _coco_api()  # imported before any fork (the children must not import)
     coco = load_coco(annotations)
     results = list(results)
     if iou_types is None:
@@ -274,31 +373,42 @@ def evaluate(
         need = {"segm": "segmentation", "keypoints": "keypoints"}.get(t)
         if need and results and any(need not in r for r in results):
             raise ValueError(f"[yolo_func] evaluate: iou type {t!r} needs {need!r} in every result record")
-    out: dict[str, dict[str, float]] = {}
-    for t in iou_types:
-        if not results:
-            out[t] = _zeros(t)
-            continue
-        with quiet_stdout():
-            dt = coco.loadRes(copy.deepcopy(results))
-            ev = COCOeval(coco, dt, t)
-            if image_ids is not None:
-                ev.params.imgIds = sorted(int(i) for i in image_ids)
-            if t == "keypoints":
-                cats = coco.loadCats(coco.getCatIds())
-                num_kpts = len(cats[0].get("keypoints", [])) or len(results[0]["keypoints"]) // 3
-                if kpt_sigmas is not None:
-                    ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
-                elif num_kpts != 17:
-                    ev.params.kpt_oks_sigmas = np.full(num_kpts, 1.0 / num_kpts)
-            ev.evaluate()
-            ev.accumulate()
-            ev.summarize()
-        keys = KEYPOINT_KEYS if t == "keypoints" else BOX_KEYS
-        out[t] = {k: max(float(v), 0.0) for k, v in zip(keys, ev.stats)}
+    out: dict[str, dict[str, float]] = {t: _zeros(t) for t in iou_types}
+    todo = list(iou_types) if results else []
+    n = coco_workers(workers, len(todo))
+    done: dict[str, dict[str, float]] = {}
+    if n > 1:
+        done = _evaluate_forked(coco, results, todo, image_ids, kpt_sigmas, n)
+    for t in todo:
+        if t not in done:
+            done[t] = _evaluate_type(coco, results, t, image_ids, kpt_sigmas)
+    out.update(done)
     if verbose:
         print(format_table(out))
     return out
+
+
+def _evaluate_forked(coco, results, iou_types, image_ids, kpt_sigmas, workers: int) -> dict[str, dict[str, float]]:
+    """The iou types in forked worker processes; {} when processes cannot be started (the caller
+    then runs them here). Errors inside an evaluation propagate."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    global _FORK_JOB
+    _FORK_JOB = (coco, results, image_ids, kpt_sigmas)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as ex:
+            futures = {t: ex.submit(_forked_type, t) for t in iou_types}
+            return {t: f.result() for t, f in futures.items()}
+    except (OSError, BrokenProcessPool) as e:  # no fork here (limits, memory): evaluate in this process
+        import warnings
+
+        warnings.warn(f"[yolo_func] COCO evaluation: worker processes failed ({type(e).__name__}: {e}); "
+                      "evaluating in this process", stacklevel=3)
+        return {}
+    finally:
+        _FORK_JOB = None
 
 
 def format_table(metrics: Mapping[str, Mapping[str, float]]) -> str:
@@ -332,6 +442,8 @@ class CocoEvaluator:
         order, see :func:`category_ids_for`; checked against the classes seen).
       kpt_sigmas: OKS sigmas for keypoints (see :func:`evaluate`).
       verbose: print the table in :meth:`evaluate`.
+      workers: processes for the iou types in :meth:`evaluate` (see :func:`evaluate`; None = auto,
+        0 = serial in this process).
 
     Example:
       >>> ev = CocoEvaluator("annotations.json")          # doctest: +SKIP
@@ -348,8 +460,10 @@ class CocoEvaluator:
         category_ids: Sequence[int] | None = None,
         kpt_sigmas: Sequence[float] | None = None,
         verbose: bool = True,
+        workers: int | None = None,
     ):
         self.coco = load_coco(annotations)
+        self.workers = workers
         self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
         self.kpt_sigmas = kpt_sigmas
         self.verbose = verbose
@@ -427,5 +541,5 @@ class CocoEvaluator:
         """
         return evaluate(
             self.coco, self._results, iou_types=self.iou_types if iou_types is None else iou_types,
-            kpt_sigmas=self.kpt_sigmas, image_ids=self.image_ids, verbose=self.verbose,
+            kpt_sigmas=self.kpt_sigmas, image_ids=self.image_ids, verbose=self.verbose, workers=self.workers,
         )
