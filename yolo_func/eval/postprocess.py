@@ -240,6 +240,7 @@ def postprocess(
     letterbox: Sequence[Letterbox] | None = None,
     max_candidates: int = MAX_CANDIDATES,
     block: int = 256,
+    masks: bool = True,
 ) -> list[Detections]:
     """NMS, masks and keypoints for a batch of raw inference outputs (REFERENCE.md §3.2-3.4).
 
@@ -259,6 +260,8 @@ def postprocess(
         (:func:`scale_to_original`; masks of ``"native"`` come straight from the logits).
       max_candidates: rows per image kept before NMS (the reference's 30 000).
       block: NMS block size (memory ``B * block^2`` booleans; results do not depend on it).
+      masks: assemble masks for a segmentation model's output (False: ``masks`` None, e.g. when
+        only boxes are scored).
 
     Returns:
       B :class:`Detections` in descending score order. Floats are float32 (float64 inputs stay
@@ -281,30 +284,62 @@ def postprocess(
         n_cand=None, max_candidates=max_candidates, block=block, iters=None,
     )
     counts = res.count.tolist()  # sizes of the variable-length outputs (host read)
+    D = boxes.shape[1]
+    keypoints = extra.reshape(B, D, *kpts) if kpts is not None else None
+    with_masks = inference.protos is not None and masks
+    input_shape = _input_shape(inference)
+    if letterbox is not None:  # boxes and keypoints of the whole batch at once (as scale_to_original)
+        orig_boxes, orig_kpts = _scale_batch(boxes, keypoints, letterbox)
     out = []
     for b, n in enumerate(counts):
-        det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n])
-        if kpts is not None:
-            det = det._replace(keypoints=extra[b, :n].reshape(n, *kpts))
-        if inference.protos is not None:
-            input_shape = _input_shape(inference)
+        det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n],
+                         keypoints=None if keypoints is None else keypoints[b, :n])
+        orig = None
+        if letterbox is not None:
+            orig = det._replace(boxes=orig_boxes[b, :n], keypoints=None if orig_kpts is None else orig_kpts[b, :n])
+        if with_masks:
             coeffs = extra[b, :n]
             if mask_method == "native":
                 lb = letterbox[b]
-                orig = scale_to_original(det, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=input_shape)
-                masks = M.masks_native(
+                m = M.masks_native(
                     inference.protos[b], coeffs, orig.boxes, input_shape=input_shape,
                     orig_shape=tuple(lb.orig_shape), gain=lb.gain, pad=tuple(lb.pad),
                 )
-                out.append(orig._replace(masks=masks))
+                out.append(orig._replace(masks=m))
                 continue
             fn = M.masks_val if mask_method == "val" else M.masks_predict
-            det = det._replace(masks=fn(inference.protos[b], coeffs, det.boxes, input_shape))
-        if letterbox is not None:
-            lb = letterbox[b]
-            det = scale_to_original(det, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=_input_shape(inference))
-        out.append(det)
+            m = fn(inference.protos[b], coeffs, det.boxes, input_shape)
+            if orig is not None:
+                lb = letterbox[b]
+                m = M.rescale_masks(m, input_shape=input_shape, orig_shape=(int(lb.orig_shape[0]), int(lb.orig_shape[1])),
+                                    gain=lb.gain, pad=(float(lb.pad[0]), float(lb.pad[1])))
+                out.append(orig._replace(masks=m))
+                continue
+            det = det._replace(masks=m)
+        out.append(det if orig is None else orig)
     return out
+
+
+def _scale_batch(boxes: torch.Tensor, keypoints: torch.Tensor | None, letterbox: Sequence[Letterbox]):
+    """:func:`scale_to_original` of boxes float[B, D, 4] and keypoints float[B, D, P, Dk] | None for
+    the whole batch (the same elementwise operations, so bitwise the same numbers; one small
+    host-to-device copy instead of two per image)."""
+    rows = []
+    for lb in letterbox:
+        gy, gx = M.gains(lb.gain)
+        h0, w0 = int(lb.orig_shape[0]), int(lb.orig_shape[1])
+        rows.append((float(lb.pad[0]), float(lb.pad[1]), gx, gy, w0, h0))
+    t = torch.tensor(rows, dtype=boxes.dtype).to(boxes.device, non_blocking=True)[:, None]  # [B, 1, 6]
+    pad, gain, lim = t[..., 0:2], t[..., 2:4], t[..., 4:6]
+    zero = torch.zeros((), dtype=boxes.dtype, device=boxes.device)
+    xy = torch.minimum(torch.maximum((boxes.unflatten(-1, (2, 2)) - pad[..., None, :]) / gain[..., None, :], zero),
+                       lim[..., None, :]).flatten(-2)
+    kp = None
+    if keypoints is not None:
+        k = keypoints[..., :2]
+        kxy = torch.minimum(torch.maximum((k - pad[..., None, :]) / gain[..., None, :], zero), lim[..., None, :])
+        kp = torch.cat((kxy, keypoints[..., 2:]), -1)
+    return xy, kp
 
 
 def _input_shape(inference: Inference) -> tuple[int, int] | None:
