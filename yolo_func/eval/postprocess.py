@@ -156,7 +156,11 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
     rows = row_scores.shape[1]
     row_valid = row_scores > conf
     if n_cand is None:
-        n_cand = min(max_candidates, int(row_valid.sum(1).max()))
+        per_image = row_valid.sum(1)
+        n_valid = int(per_image.max())
+        if n_valid <= max_candidates:  # eager, no cap reached: every valid row, no top-k over all rows
+            return _valid_rows(row_scores, row_valid, per_image, max(1, n_valid), boxes, extra, row_anchor, row_class)
+        n_cand = max_candidates
     n_cand = max(1, min(n_cand, rows))
     key = torch.where(row_valid, row_scores, torch.full_like(row_scores, -torch.inf))
     idx = _top_rows(key, n_cand)
@@ -169,6 +173,31 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
     out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
     out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
     return out_boxes, out_scores, out_classes, out_extra, out_valid
+
+
+def _valid_rows(row_scores, row_valid, per_image, n, boxes, extra, row_anchor, row_class):
+    """:func:`_rows` when every image has at most ``n`` valid rows: the valid rows gathered with one
+    ``nonzero`` (ascending row index per image), then stably sorted by score (descending), so the
+    valid rows come out exactly as from the top-k path; the ``n - count`` slots after them are
+    padding (valid False, score -inf in the sort, row 0), which NMS never keeps."""
+    B = row_scores.shape[0]
+    nz = row_valid.nonzero()  # [V, 2] (image, row), image-major, rows ascending
+    img, row = nz[:, 0], nz[:, 1]
+    starts = per_image.cumsum(0) - per_image
+    slot = torch.arange(img.shape[0], device=img.device) - starts[img]
+    idx = torch.zeros(B, n, dtype=torch.long, device=row_scores.device)
+    idx[img, slot] = row
+    valid = torch.arange(n, device=row_scores.device)[None] < per_image[:, None]
+    key = torch.where(valid, row_scores.gather(1, idx), torch.full((), -torch.inf, dtype=row_scores.dtype,
+                                                                    device=row_scores.device))
+    order = key.sort(dim=1, descending=True, stable=True).indices
+    idx, valid = idx.gather(1, order), valid.gather(1, order)
+    anchor = row_anchor.gather(1, idx)
+    out_scores = row_scores.gather(1, idx)
+    out_classes = row_class.gather(1, idx)
+    out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
+    out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
+    return out_boxes, out_scores, out_classes, out_extra, valid
 
 
 def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
