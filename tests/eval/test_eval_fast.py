@@ -106,7 +106,9 @@ def test_coco_eval_workers_give_the_serial_numbers_and_leave_inputs_alone(shared
     records = _noisy_records(coco, 0)
     records_before = copy.deepcopy(records)
     serial = CE.evaluate(gt, records, workers=0, verbose=False)
-    forked = CE.evaluate(gt, records, workers=2, verbose=False)
+    forked = CE.evaluate(gt, records, workers=2, verbose=False)  # one process per type
+    chunked = CE.evaluate(gt, records, workers=4, verbose=False)  # and each type's 32 images in two
+    assert chunked == serial
     assert set(serial) == {"bbox", "keypoints"}
     assert serial == forked
     assert 0.1 < serial["bbox"]["AP"] < 0.99 and 0.1 < serial["keypoints"]["AP"] < 0.99
@@ -116,20 +118,41 @@ def test_coco_eval_workers_give_the_serial_numbers_and_leave_inputs_alone(shared
 
 
 def test_coco_workers_rule():
-    assert CE.coco_workers(0, 3) == 0
-    assert CE.coco_workers(4, 2) == 2
-    assert CE.coco_workers(None, 1) == 0  # one iou type: nothing to run side by side
+    assert CE.coco_workers(0, 3, 1000) == 0
+    assert CE.coco_workers(4, 2) == 2  # one chunk per type below 32 images
+    assert CE.coco_workers(8, 1, images=64) == 4  # 4 chunks of 16 images
+    assert CE.coco_workers(8, 1, images=20) == 0  # one useful process: serial
+    assert CE.coco_workers(None, 0, 100) == 0
     with pytest.raises(ValueError, match="coco_workers must be >= 0"):
         CE.coco_workers(-1, 2)
     got = []
-    t = threading.Thread(target=lambda: got.append(CE.coco_workers(None, 3)))
+    t = threading.Thread(target=lambda: got.append(CE.coco_workers(None, 3, 1000)))
     t.start()
     t.join()
     assert got == [0]  # never fork from a background thread (the fit loop's COCO thread)
     if sys.platform == "linux" and threading.current_thread() is threading.main_thread():
         import os
 
-        assert CE.coco_workers(None, 3) == (min(3, os.cpu_count()) if os.cpu_count() > 1 else 0)
+        want = min(3 * 62, os.cpu_count(), CE.MAX_AUTO_WORKERS)
+        assert CE.coco_workers(None, 3, 1000) == (want if want > 1 else 0)
+
+
+def test_one_iou_type_split_over_image_chunks_gives_the_serial_numbers(shared_data, monkeypatch):
+    import json
+
+    gt = json.loads((shared_data / "coco-tiny" / "annotations.json").read_text())
+    coco = CE.load_coco(gt)
+    records = _noisy_records(coco, 1)
+    serial = CE.evaluate(coco, records, iou_types=["bbox"], workers=0, verbose=False)
+    assert CE.coco_workers(2, 1, len(coco.getImgIds())) == 2  # 32 images: two chunks of 16
+    split = CE.evaluate(coco, records, iou_types=["bbox"], workers=2, verbose=False)
+    assert split == serial
+    assert 0.1 < serial["bbox"]["AP"] < 0.99
+    ids = sorted(coco.getImgIds())[:5] + sorted(coco.getImgIds())[-20:]  # a subset, uneven chunks
+    monkeypatch.setattr(CE, "MIN_IMAGES_PER_CHUNK", 5)  # 25 images: chunks of 8, 9 and 8
+    assert CE.coco_workers(3, 1, len(ids)) == 3
+    assert CE.evaluate(coco, records, iou_types=["bbox"], image_ids=ids, workers=0, verbose=False) == \
+        CE.evaluate(coco, records, iou_types=["bbox"], image_ids=ids, workers=3, verbose=False)
 
 
 # -- records and RLE --------------------------------------------------------------------------------

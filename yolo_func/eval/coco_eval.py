@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -45,6 +46,8 @@ __all__ = [
     "to_coco_results",
     "evaluate",
     "coco_workers",
+    "MIN_IMAGES_PER_CHUNK",
+    "MAX_AUTO_WORKERS",
     "format_table",
     "CocoEvaluator",
     "quiet_stdout",
@@ -273,55 +276,98 @@ def _zeros(iou_type: str) -> dict[str, float]:
     return {k: 0.0 for k in (KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS)}
 
 
+def _cocoeval(coco, dt, iou_type: str, image_ids, kpt_sigmas, num_kpts: int | None):
+    """A configured ``COCOeval`` (image ids, OKS sigmas)."""
+    _, COCOeval = _coco_api()
+    ev = COCOeval(coco, dt, iou_type)
+    if image_ids is not None:
+        ev.params.imgIds = sorted(int(i) for i in image_ids)
+    if iou_type == "keypoints":
+        if kpt_sigmas is not None:
+            ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
+        elif num_kpts != 17:
+            ev.params.kpt_oks_sigmas = np.full(num_kpts, 1.0 / num_kpts)
+    return ev
+
+
+def _num_kpts(coco, results: list[dict]) -> int:
+    cats = coco.loadCats(coco.getCatIds())
+    return len(cats[0].get("keypoints", [])) or len(results[0]["keypoints"]) // 3
+
+
+def _summarize(ev, iou_type: str) -> dict[str, float]:
+    ev.accumulate()
+    ev.summarize()
+    keys = KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS
+    return {k: max(float(v), 0.0) for k, v in zip(keys, ev.stats)}
+
+
 def _evaluate_type(coco, results: list[dict], iou_type: str, image_ids, kpt_sigmas) -> dict[str, float]:
     """One pycocotools evaluation (``loadRes`` of per-record copies: it writes ``area``, ``id`` and,
     for keypoints, ``bbox`` into the records, which must not leak into another type or the caller)."""
-    _, COCOeval = _coco_api()
+    num_kpts = _num_kpts(coco, results) if iou_type == "keypoints" else None
     with quiet_stdout():
         dt = coco.loadRes([dict(r) for r in results])
-        ev = COCOeval(coco, dt, iou_type)
-        if image_ids is not None:
-            ev.params.imgIds = sorted(int(i) for i in image_ids)
-        if iou_type == "keypoints":
-            cats = coco.loadCats(coco.getCatIds())
-            num_kpts = len(cats[0].get("keypoints", [])) or len(results[0]["keypoints"]) // 3
-            if kpt_sigmas is not None:
-                ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
-            elif num_kpts != 17:
-                ev.params.kpt_oks_sigmas = np.full(num_kpts, 1.0 / num_kpts)
+        ev = _cocoeval(coco, dt, iou_type, image_ids, kpt_sigmas, num_kpts)
         ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
-    keys = KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS
-    return {k: max(float(v), 0.0) for k, v in zip(keys, ev.stats)}
+        return _summarize(ev, iou_type)
+
+
+def _evaluate_images(coco, results: list[dict], iou_type: str, image_ids: list[int], kpt_sigmas, num_kpts) -> list:
+    """``COCOeval.evaluate`` on some images only: its ``evalImgs`` (ordered category, area range,
+    image), the per-image part of an evaluation."""
+    with quiet_stdout():
+        dt = coco.loadRes([dict(r) for r in results])
+        ev = _cocoeval(coco, dt, iou_type, image_ids, kpt_sigmas, num_kpts)
+        ev.evaluate()
+    return ev.evalImgs
 
 
 #: What forked workers evaluate (set in the parent just before the fork, so nothing is pickled).
 _FORK_JOB: tuple | None = None
 
 
-def _forked_type(iou_type: str) -> dict[str, float]:
-    coco, results, image_ids, kpt_sigmas = _FORK_JOB  # type: ignore[misc]
-    return _evaluate_type(coco, results, iou_type, image_ids, kpt_sigmas)
+def _forked_job(iou_type: str, image_ids: list[int] | None, num_kpts):
+    coco, results, all_ids, kpt_sigmas = _FORK_JOB  # type: ignore[misc]
+    if image_ids is None:  # the whole type here
+        return _evaluate_type(coco, results, iou_type, all_ids, kpt_sigmas)
+    return _evaluate_images(coco, results, iou_type, image_ids, kpt_sigmas, num_kpts)
 
 
-def coco_workers(workers: int | None, jobs: int) -> int:
-    """Worker processes for ``jobs`` pycocotools evaluations: ``workers`` None (auto) gives one per
-    job, at most the number of cores, and 0 (serial, in this process) unless this is the main
+#: Fewest images per chunk when one iou type is split over processes (below, the fork costs more).
+MIN_IMAGES_PER_CHUNK = 16
+
+
+#: Most worker processes the auto rule forks.
+MAX_AUTO_WORKERS = 8
+
+
+def coco_workers(workers: int | None, jobs: int, images: int = 0) -> int:
+    """Worker processes for ``jobs`` pycocotools evaluations (iou types) of ``images`` images.
+
+    Useful processes: one per iou type, times the image chunks of :data:`MIN_IMAGES_PER_CHUNK`
+    images each one type can be split into. ``workers`` None (auto): that many, at most the number
+    of cores and :data:`MAX_AUTO_WORKERS`, and 0 (serial, in this process) unless this is the main
     thread of a Linux process (the workers are forked: a fork from a background thread, e.g. the
-    fit loop's COCO thread, could inherit locks other threads hold); 0 or 1 job also gives 0.
+    fit loop's COCO thread, could inherit locks other threads hold). An explicit number is capped
+    at the useful count; 0 or a single useful process gives 0.
 
     Example:
       >>> coco_workers(0, 3)
       0
+      >>> coco_workers(8, 1, images=64)   # one iou type, 4 chunks of 16 images
+      4
     """
+    useful = jobs * max(1, images // MIN_IMAGES_PER_CHUNK)
     if workers is not None:
         if int(workers) < 0:
             raise ValueError(f"[yolo_func] coco_workers must be >= 0 (0: serial) or None (auto), got {workers!r}")
-        return 0 if jobs <= 1 else min(int(workers), jobs)
-    if jobs <= 1 or sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
-        return 0
-    return min(jobs, os.cpu_count() or 1) if (os.cpu_count() or 1) > 1 else 0
+        n = min(int(workers), useful)
+    elif sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        n = 0
+    else:
+        n = min(useful, os.cpu_count() or 1, MAX_AUTO_WORKERS)
+    return 0 if jobs == 0 or n <= 1 else n
 
 
 def evaluate(
@@ -345,10 +391,12 @@ def evaluate(
         ``1 / P`` each.
       image_ids: evaluate on these images only (default: every image of the annotations).
       verbose: print the table (pycocotools' own printing is silenced).
-      workers: processes running the iou types side by side (forked, so the ground truth and the
-        records are not pickled; each returns only its numbers); 0 = one after the other in this
-        process; None = auto (:func:`coco_workers`: one per iou type on Linux from the main thread).
-        The numbers do not depend on it.
+      workers: processes running the iou types side by side, and with more processes than types
+        each type's images split over them (forked, so the ground truth and the records are not
+        pickled; each returns its numbers, or its images' ``evalImgs`` that this process
+        accumulates); 0 = serial in this process; None = auto (:func:`coco_workers`: on Linux from
+        the main thread, up to one per type and chunk of 16 images, the cores and 8). The numbers
+        do not depend on it.
 
     Returns:
       ``{iou_type: {key: value}}`` with the keys of :data:`BOX_KEYS` / :data:`KEYPOINT_KEYS`; stats
@@ -375,7 +423,8 @@ def evaluate(
             raise ValueError(f"[yolo_func] evaluate: iou type {t!r} needs {need!r} in every result record")
     out: dict[str, dict[str, float]] = {t: _zeros(t) for t in iou_types}
     todo = list(iou_types) if results else []
-    n = coco_workers(workers, len(todo))
+    n_images = len(set(image_ids)) if image_ids is not None else len(coco.getImgIds())
+    n = coco_workers(workers, len(todo), n_images)
     done: dict[str, dict[str, float]] = {}
     if n > 1:
         done = _evaluate_forked(coco, results, todo, image_ids, kpt_sigmas, n)
@@ -390,17 +439,50 @@ def evaluate(
 
 def _evaluate_forked(coco, results, iou_types, image_ids, kpt_sigmas, workers: int) -> dict[str, dict[str, float]]:
     """The iou types in forked worker processes; {} when processes cannot be started (the caller
-    then runs them here). Errors inside an evaluation propagate."""
+    then runs them here). Errors inside an evaluation propagate.
+
+    With more workers than iou types, each type's images are split into contiguous chunks (at
+    least :data:`MIN_IMAGES_PER_CHUNK` images each): the workers run ``COCOeval.evaluate`` (IoUs and
+    per-image matching, the costly part) on their chunk and return its ``evalImgs``; this process
+    puts them back in pycocotools' (category, area range, image) order and runs ``accumulate`` and
+    ``summarize`` on the whole: the numbers of one serial evaluation."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
     global _FORK_JOB
+    ids = sorted({int(i) for i in (image_ids if image_ids is not None else coco.getImgIds())})
+    per_type = max(1, workers // len(iou_types))
+    chunks = max(1, min(per_type, len(ids) // MIN_IMAGES_PER_CHUNK))
     _FORK_JOB = (coco, results, image_ids, kpt_sigmas)
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as ex:
-            futures = {t: ex.submit(_forked_type, t) for t in iou_types}
-            return {t: f.result() for t, f in futures.items()}
+            futures = {}
+            for t in iou_types:
+                nk = _num_kpts(coco, results) if t == "keypoints" else None
+                if chunks == 1:
+                    futures[t] = ex.submit(_forked_job, t, None, nk)
+                else:
+                    bounds = np.linspace(0, len(ids), chunks + 1).round().astype(int)
+                    futures[t] = [(ids[a:b], ex.submit(_forked_job, t, ids[a:b], nk)) for a, b in zip(bounds[:-1], bounds[1:])]
+            out = {}
+            for t, f in futures.items():
+                if not isinstance(f, list):
+                    out[t] = f.result()
+                    continue
+                parts = [(len(c), fut.result()) for c, fut in f]
+                nk = _num_kpts(coco, results) if t == "keypoints" else None
+                with quiet_stdout():
+                    ev = _cocoeval(coco, None, t, ids, kpt_sigmas, nk)
+                    p = ev.params
+                    p.imgIds = list(np.unique(p.imgIds))  # as COCOeval.evaluate sets them
+                    p.maxDets = sorted(p.maxDets)
+                    n_cats = len(p.catIds) if p.useCats else 1
+                    groups = n_cats * len(p.areaRng)
+                    ev.evalImgs = [e for g in range(groups) for n, imgs in parts for e in imgs[g * n:(g + 1) * n]]
+                    ev._paramsEval = copy.deepcopy(p)
+                    out[t] = _summarize(ev, t)
+            return out
     except (OSError, BrokenProcessPool) as e:  # no fork here (limits, memory): evaluate in this process
         import warnings
 
