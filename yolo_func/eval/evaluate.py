@@ -477,8 +477,9 @@ def evaluate(
       coco: run pycocotools (``bbox`` / ``segm`` / ``keypoints``); False: only the internal metric
         (REFERENCE.md §3.6, the per-epoch table and the fitness), no COCO records and no masks at
         the original size: what the reference's own ``val`` computes.
-      coco_workers: processes for the pycocotools iou types (None: auto, one per type on Linux from
-        the main thread; 0: serial in this process; see :func:`yolo_func.eval.coco_eval.evaluate`).
+      coco_workers: forked processes for pycocotools (the iou types side by side, each type's images
+        split in chunks of >= 16; None: auto, on Linux from the main thread, at most the cores and
+        8; 0: serial in this process; see :func:`yolo_func.eval.coco_eval.evaluate`). Same numbers.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
