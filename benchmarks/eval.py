@@ -63,6 +63,9 @@ same images written in the reference's YOLO format by :func:`yolo_func.data.writ
 
 - ``ours``: :func:`yolo_func.eval.evaluate` (``replay=False``): ValLoader rect batches, BF16
   autocast on CUDA, eager post-processing with masks at the original size, pycocotools;
+- ``ours-internal``: the same with ``coco=False``: only the internal metric (REFERENCE.md §3.6), no
+  pycocotools, no COCO records, no masks at the original size: what the reference's own ``val``
+  (``save_json=False``) computes, so the like-for-like row against ``ref``;
 - ``ours-replay`` (CUDA, detect): the same with ``replay=True`` (forward + decode + static NMS
   replayed per batch shape, captured anew by every ``evaluate`` call; segmentation models fall
   back to eager, so it is not run for them);
@@ -345,16 +348,18 @@ def repeated_coco(task: str, n: int, out: Path) -> CocoDataset:
         return CocoDataset(out / "annotations.json", img_dir, task=task)
 
 
-def run_ours(loaded, ds, dev, replay: bool, args) -> dict:
+def run_ours(loaded, ds, dev, replay: bool, args, coco: bool = True) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t = time.perf_counter()
         m = evaluate(loaded.model, loaded.params, loaded.state, ds, image_size=args.imgsz, batch_size=args.batch,
-                     device=dev, workers=args.workers, progress=False, verbose=False, replay=replay)
+                     device=dev, workers=args.workers, progress=False, verbose=False, replay=replay, coco=coco,
+                     coco_workers=args.coco_workers)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         s = time.perf_counter() - t
-    r = dict(seconds=s, box_map_coco=m["bbox"]["AP"], box_map_internal=m["internal"]["box"]["mAP50-95"])
+    r = dict(seconds=s, box_map_coco=m["bbox"]["AP"] if "bbox" in m else None,
+             box_map_internal=m["internal"]["box"]["mAP50-95"])
     if "segm" in m:
         r["mask_map_coco"] = m["segm"]["AP"]
     notes = sorted({str(w.message)[:300] for w in caught if "yolo_func" in str(w.message)})
@@ -405,7 +410,10 @@ def main() -> int:
     ap.add_argument("--post-inputs", nargs="+", default=["model", "synthetic"], choices=["model", "synthetic"])
     ap.add_argument("--post-batch", type=int, default=None, help="images per post batch (default min(32, --images))")
     ap.add_argument("--val-tasks", nargs="+", default=["detect"], choices=list(YAMLS))
-    ap.add_argument("--impl", nargs="+", default=["ours", "ours-replay", "ref"], choices=["ours", "ours-replay", "ref"])
+    ap.add_argument("--impl", nargs="+", default=["ours", "ours-internal", "ours-replay", "ref"],
+                    choices=["ours", "ours-internal", "ours-replay", "ref"])
+    ap.add_argument("--coco-workers", type=int, default=None,
+                    help="processes for the pycocotools iou types (default auto: one per type; 0: serial)")
     ap.add_argument("--cls-bias", nargs="+", default=["stock", "0"],
                     help="random weights per task: 'stock' init, or the class-branch output biases set to this number")
     ap.add_argument("--weights", nargs="+", default=None, help="reference .pt files to use instead of random weights")
@@ -442,7 +450,7 @@ def main() -> int:
                 git=_git(), torch=torch.__version__, opencv=cv2.__version__, numpy=np.__version__, ultralytics=ref_version,
                 gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, device=str(dev),
                 settings=dict(imgsz=args.imgsz, batch=args.batch, post_batch=args.post_batch, images=args.images,
-                              workers=args.workers, reps=args.reps, warmup=args.warmup, iters=args.iters,
+                              workers=args.workers, coco_workers=args.coco_workers, reps=args.reps, warmup=args.warmup, iters=args.iters,
                               val_runs=args.val_runs, ref_half=args.ref_half, seed=args.seed, **VAL),
                 weights={})
     results: list[dict] = []
@@ -551,7 +559,8 @@ def main() -> int:
                             if impl == "ref":
                                 r = run_ref(weights[key], yaml, dev, args, tmp_dir / "ref_runs")
                             else:
-                                r = run_ours(loaded(key), ds, dev, impl == "ours-replay", args)
+                                r = run_ours(loaded(key), ds, dev, impl == "ours-replay", args,
+                                             coco=impl != "ours-internal")
                             runs[impl].append(r)
                             emit(dict(part="val-run", task=task, weights=key[1], impl=impl, run=run + 1,
                                       images_per_s=len(ds) / r["seconds"], **r))

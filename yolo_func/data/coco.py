@@ -515,6 +515,21 @@ class CocoDataset:
                       keypoints=None if keypoints is None else keypoints.copy(),
                       image_id=int(img["id"]), file_name=str(img["file_name"]))
 
+    def sample_without_masks(self, index: int) -> Sample:
+        """``self[index]`` with ``masks=None`` and no mask rasterised (what validation reads: its
+        batches carry no mask labels).
+
+        Raises:
+          IndexError, ValueError: as ``self[index]``.
+        """
+        index = dataset_index(index, len(self))
+        img = self._images[index]
+        boxes, classes, keypoints, _ = self._targets[index]
+        image = self.read_image(index)
+        return Sample(image=image, boxes=boxes.copy(), classes=classes.copy(), masks=None,
+                      keypoints=None if keypoints is None else keypoints.copy(),
+                      image_id=int(img["id"]), file_name=str(img["file_name"]))
+
     def sample_with_mask_crops(self, index: int) -> tuple[Sample, tuple[np.ndarray, tuple[np.ndarray, ...]] | None]:
         """``self[index]`` with ``masks=None`` plus, for segmentation, the masks as tight crops
         (:func:`segmentations_to_mask_crops`): what the training loader reads, without rasterising

@@ -489,7 +489,9 @@ class _ValBatches:
         if index in self.source.errors:
             return None
         try:
-            s = self.source.dataset[index]
+            # validation batches carry no mask labels: skip rasterising them where the dataset can
+            read = getattr(self.source.dataset, "sample_without_masks", None)
+            s = read(index) if read is not None else self.source.dataset[index]
             rec = annotated_from_sample(s._replace(masks=None, keypoints=s.keypoints if self.source.task == "pose" else None))
             return load_resized(rec, self.source.image_size), s
         except Exception as e:  # noqa: BLE001 -- bad sample policy (ValLoader docstring)

@@ -395,6 +395,18 @@ class YoloDataset:
         return Sample(image=image, boxes=boxes, classes=classes, masks=masks, keypoints=keypoints,
                       image_id=index, file_name=self.file_names[index])
 
+    def sample_without_masks(self, index: int) -> Sample:
+        """``self[index]`` with ``masks=None`` and no mask rasterised (what validation reads).
+
+        Raises:
+          IndexError, ValueError: as ``self[index]``.
+        """
+        index = dataset_index(index, len(self))
+        image = self.read_image(index)
+        boxes, classes, keypoints = self.labels(index, image.shape[:2])
+        return Sample(image=image, boxes=boxes, classes=classes, masks=None, keypoints=keypoints,
+                      image_id=index, file_name=self.file_names[index])
+
     def __repr__(self) -> str:
         return (f"YoloDataset({str(self.data_yaml)!r}, {self.split!r}, task={self.task!r}, images={len(self)}, "
                 f"classes={len(self.names)}, skipped={sum(self.skipped.values())})")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -41,8 +42,12 @@ __all__ = [
     "load_coco",
     "category_ids_for",
     "encode_mask",
+    "encode_masks",
     "to_coco_results",
     "evaluate",
+    "coco_workers",
+    "MIN_IMAGES_PER_CHUNK",
+    "MAX_AUTO_WORKERS",
     "format_table",
     "CocoEvaluator",
     "quiet_stdout",
@@ -120,8 +125,10 @@ def load_coco(annotations: Any):
       annotations: path to an instances / person-keypoints JSON, its parsed dict, or a ``COCO``.
 
     Returns:
-      ``pycocotools.coco.COCO`` (a copy of the dict is indexed; a ``COCO`` is returned as is, with
-      ``info`` and ``licenses`` added when missing).
+      ``pycocotools.coco.COCO`` (a dict is indexed through a shallow copy: new top-level and
+      per-annotation dicts, the values shared, so what ``COCOeval`` writes into the ground truth
+      (``ignore``, polygons turned into RLE) never reaches the caller's dict, and nothing big is
+      copied; a ``COCO`` is returned as is, with ``info`` and ``licenses`` added when missing).
 
     Raises:
       TypeError: another type. ValueError: a dict without ``images`` / ``annotations`` / ``categories``.
@@ -136,7 +143,7 @@ def load_coco(annotations: Any):
                 raise ValueError(f"[yolo_func] annotations file {str(path)!r} does not exist; pass a COCO JSON path")
             data = json.loads(path.read_text())
         elif isinstance(annotations, Mapping):
-            data = copy.deepcopy(dict(annotations))
+            data = _shallow_copy(annotations)
         else:
             raise TypeError(
                 f"[yolo_func] annotations must be a path, a dict or a pycocotools COCO, got {type(annotations).__name__}"
@@ -151,6 +158,16 @@ def load_coco(annotations: Any):
     coco.dataset.setdefault("info", {})
     coco.dataset.setdefault("licenses", [])
     return coco
+
+
+def _shallow_copy(annotations: Mapping) -> dict:
+    """A COCO dict whose top level and annotation entries are new dicts (values shared): what
+    pycocotools assigns to ground-truth annotations (``ignore``, ``segmentation`` as RLE) lands in
+    the copy; lists and coordinates are not copied."""
+    data = dict(annotations)
+    if isinstance(data.get("annotations"), list):
+        data["annotations"] = [dict(a) if isinstance(a, Mapping) else a for a in data["annotations"]]
+    return data
 
 
 def category_ids_for(coco, num_classes: int) -> list[int]:
@@ -178,11 +195,36 @@ def encode_mask(mask: np.ndarray) -> dict:
     Returns:
       ``{"size": [h, w], "counts": str}``.
     """
+    return encode_masks(np.asarray(mask)[None])[0]
+
+
+def encode_masks(masks: np.ndarray) -> list[dict]:
+    """Compressed RLEs of N binary masks with one ``pycocotools.mask.encode`` call (a Fortran-ordered
+    uint8[h, w, N] array), JSON-ready; equal to :func:`encode_mask` of each.
+
+    Args:
+      masks: bool or uint8[N, h, w].
+
+    Returns:
+      N ``{"size": [h, w], "counts": str}``.
+
+    Example:
+      >>> rles = encode_masks(np.ones((2, 3, 4), bool))
+      >>> rles[0]["size"], len(rles)
+      ([3, 4], 2)
+    """
     from pycocotools import mask as mask_utils
 
-    rle = mask_utils.encode(np.asfortranarray(np.asarray(mask, dtype=np.uint8)[:, :, None]))[0]
-    rle["counts"] = rle["counts"].decode("utf-8")
-    return rle
+    masks = np.asarray(masks)
+    if masks.ndim != 3:
+        raise ValueError(f"[yolo_func] encode_masks: expected masks bool[N, h, w], got shape {masks.shape}")
+    if masks.shape[0] == 0:
+        return []
+    # [N, h, w] C-order viewed as [h, w, N] is already Fortran-ordered: no copy beyond the uint8 cast.
+    rles = mask_utils.encode(np.asfortranarray(masks.astype(np.uint8, copy=False).transpose(1, 2, 0)))
+    for rle in rles:
+        rle["counts"] = rle["counts"].decode("utf-8")
+    return rles
 
 
 def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequence[int]) -> list[dict]:
@@ -195,7 +237,10 @@ def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequ
       category_ids: category id of each class index.
 
     Returns:
-      A list of ``{"image_id", "category_id", "bbox", "score"[, "segmentation"][, "keypoints"]}``.
+      A list of ``{"image_id", "category_id", "bbox", "score"[, "segmentation"][, "keypoints"]}``:
+      bbox ``[x, y, w, h]`` (w = x2 - x1 in float64) rounded to 3 decimals and the score to 5 with
+      Python's ``round``; the arrays are converted with one ``tolist`` each and the masks encoded
+      with one :func:`encode_masks` call.
 
     Raises:
       ValueError: a class index outside ``category_ids``.
@@ -208,27 +253,121 @@ def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequ
             f"[yolo_func] to_coco_results: class index {int(classes.max())} has no category id "
             f"({len(category_ids)} given); pass one category id per model class"
         )
-    masks = None if detections.masks is None else detections.masks.detach().cpu().numpy()
-    kpts = None if detections.keypoints is None else detections.keypoints.detach().double().cpu().numpy()
-    out = []
-    for i in range(len(scores)):
-        x1, y1, x2, y2 = boxes[i]
-        rec = {
-            "image_id": int(image_id),
-            "category_id": int(category_ids[classes[i]]),
-            "bbox": [round(float(x1), 3), round(float(y1), 3), round(float(x2 - x1), 3), round(float(y2 - y1), 3)],
-            "score": round(float(scores[i]), 5),
-        }
-        if masks is not None:
-            rec["segmentation"] = encode_mask(masks[i])
-        if kpts is not None:
-            rec["keypoints"] = [float(v) for v in kpts[i].reshape(-1)]
-        out.append(rec)
+    n = len(scores)
+    xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1).tolist() if n else []
+    cats = np.asarray(category_ids, dtype=np.int64)[classes].tolist() if n else []
+    image_id = int(image_id)
+    out = [
+        {"image_id": image_id, "category_id": c, "bbox": [round(x, 3), round(y, 3), round(w, 3), round(h, 3)],
+         "score": round(sc, 5)}
+        for (x, y, w, h), sc, c in zip(xywh, scores.tolist(), cats)
+    ]
+    if detections.masks is not None and n:
+        for rec, rle in zip(out, encode_masks(detections.masks.detach().cpu().numpy())):
+            rec["segmentation"] = rle
+    if detections.keypoints is not None and n:
+        kpts = detections.keypoints.detach().double().cpu().numpy().reshape(n, -1).tolist()
+        for rec, k in zip(out, kpts):
+            rec["keypoints"] = k
     return out
 
 
 def _zeros(iou_type: str) -> dict[str, float]:
     return {k: 0.0 for k in (KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS)}
+
+
+def _cocoeval(coco, dt, iou_type: str, image_ids, kpt_sigmas, num_kpts: int | None):
+    """A configured ``COCOeval`` (image ids, OKS sigmas)."""
+    _, COCOeval = _coco_api()
+    ev = COCOeval(coco, dt, iou_type)
+    if image_ids is not None:
+        ev.params.imgIds = sorted(int(i) for i in image_ids)
+    if iou_type == "keypoints":
+        if kpt_sigmas is not None:
+            ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
+        elif num_kpts != 17:
+            ev.params.kpt_oks_sigmas = np.full(num_kpts, 1.0 / num_kpts)
+    return ev
+
+
+def _num_kpts(coco, results: list[dict]) -> int:
+    cats = coco.loadCats(coco.getCatIds())
+    return len(cats[0].get("keypoints", [])) or len(results[0]["keypoints"]) // 3
+
+
+def _summarize(ev, iou_type: str) -> dict[str, float]:
+    ev.accumulate()
+    ev.summarize()
+    keys = KEYPOINT_KEYS if iou_type == "keypoints" else BOX_KEYS
+    return {k: max(float(v), 0.0) for k, v in zip(keys, ev.stats)}
+
+
+def _evaluate_type(coco, results: list[dict], iou_type: str, image_ids, kpt_sigmas) -> dict[str, float]:
+    """One pycocotools evaluation (``loadRes`` of per-record copies: it writes ``area``, ``id`` and,
+    for keypoints, ``bbox`` into the records, which must not leak into another type or the caller)."""
+    num_kpts = _num_kpts(coco, results) if iou_type == "keypoints" else None
+    with quiet_stdout():
+        dt = coco.loadRes([dict(r) for r in results])
+        ev = _cocoeval(coco, dt, iou_type, image_ids, kpt_sigmas, num_kpts)
+        ev.evaluate()
+        return _summarize(ev, iou_type)
+
+
+def _evaluate_images(coco, results: list[dict], iou_type: str, image_ids: list[int], kpt_sigmas, num_kpts) -> list:
+    """``COCOeval.evaluate`` on some images only: its ``evalImgs`` (ordered category, area range,
+    image), the per-image part of an evaluation."""
+    with quiet_stdout():
+        dt = coco.loadRes([dict(r) for r in results])
+        ev = _cocoeval(coco, dt, iou_type, image_ids, kpt_sigmas, num_kpts)
+        ev.evaluate()
+    return ev.evalImgs
+
+
+#: What forked workers evaluate (set in the parent just before the fork, so nothing is pickled).
+_FORK_JOB: tuple | None = None
+
+
+def _forked_job(iou_type: str, image_ids: list[int] | None, num_kpts):
+    coco, results, all_ids, kpt_sigmas = _FORK_JOB  # type: ignore[misc]
+    if image_ids is None:  # the whole type here
+        return _evaluate_type(coco, results, iou_type, all_ids, kpt_sigmas)
+    return _evaluate_images(coco, results, iou_type, image_ids, kpt_sigmas, num_kpts)
+
+
+#: Fewest images per chunk when one iou type is split over processes (below, the fork costs more).
+MIN_IMAGES_PER_CHUNK = 16
+
+
+#: Most worker processes the auto rule forks.
+MAX_AUTO_WORKERS = 8
+
+
+def coco_workers(workers: int | None, jobs: int, images: int = 0) -> int:
+    """Worker processes for ``jobs`` pycocotools evaluations (iou types) of ``images`` images.
+
+    Useful processes: one per iou type, times the image chunks of :data:`MIN_IMAGES_PER_CHUNK`
+    images each one type can be split into. ``workers`` None (auto): that many, at most the number
+    of cores and :data:`MAX_AUTO_WORKERS`, and 0 (serial, in this process) unless this is the main
+    thread of a Linux process (the workers are forked: a fork from a background thread, e.g. the
+    fit loop's COCO thread, could inherit locks other threads hold). An explicit number is capped
+    at the useful count; 0 or a single useful process gives 0.
+
+    Example:
+      >>> coco_workers(0, 3)
+      0
+      >>> coco_workers(8, 1, images=64)   # one iou type, 4 chunks of 16 images
+      4
+    """
+    useful = jobs * max(1, images // MIN_IMAGES_PER_CHUNK)
+    if workers is not None:
+        if int(workers) < 0:
+            raise ValueError(f"[yolo_func] coco_workers must be >= 0 (0: serial) or None (auto), got {workers!r}")
+        n = min(int(workers), useful)
+    elif sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        n = 0
+    else:
+        n = min(useful, os.cpu_count() or 1, MAX_AUTO_WORKERS)
+    return 0 if jobs == 0 or n <= 1 else n
 
 
 def evaluate(
@@ -239,27 +378,35 @@ def evaluate(
     kpt_sigmas: Sequence[float] | None = None,
     image_ids: Sequence[int] | None = None,
     verbose: bool = True,
+    workers: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """pycocotools evaluation of COCO result records.
 
     Args:
       annotations: the ground truth (path, dict or ``COCO``; see :func:`load_coco`).
-      results: records as :func:`to_coco_results` makes them (a list of dicts).
+      results: records as :func:`to_coco_results` makes them (a list of dicts); not modified.
       iou_types: subset of ``("bbox", "segm", "keypoints")``; default: ``bbox`` plus ``segm`` /
         ``keypoints`` when the records carry ``segmentation`` / ``keypoints``.
       kpt_sigmas: OKS sigmas (P values); default pycocotools' COCO sigmas for 17 keypoints, else
         ``1 / P`` each.
       image_ids: evaluate on these images only (default: every image of the annotations).
       verbose: print the table (pycocotools' own printing is silenced).
+      workers: processes running the iou types side by side, and with more processes than types
+        each type's images split over them (forked, so the ground truth and the records are not
+        pickled; each returns its numbers, or its images' ``evalImgs`` that this process
+        accumulates); 0 = serial in this process; None = auto (:func:`coco_workers`: on Linux from
+        the main thread, up to one per type and chunk of 16 images, the cores and 8). The numbers
+        do not depend on it.
 
     Returns:
       ``{iou_type: {key: value}}`` with the keys of :data:`BOX_KEYS` / :data:`KEYPOINT_KEYS`; stats
       pycocotools reports as -1 (no GT in a bucket) become 0.0; empty ``results`` give zeros.
 
     Raises:
-      ValueError: an unknown iou type, or a records list that lacks what an iou type needs.
+      ValueError: an unknown iou type, a records list that lacks what an iou type needs, or a
+        negative ``workers``.
     """
-    _, COCOeval = _coco_api()
+    _coco_api()  # imported before any fork (the children must not import)
     coco = load_coco(annotations)
     results = list(results)
     if iou_types is None:
@@ -274,31 +421,76 @@ def evaluate(
         need = {"segm": "segmentation", "keypoints": "keypoints"}.get(t)
         if need and results and any(need not in r for r in results):
             raise ValueError(f"[yolo_func] evaluate: iou type {t!r} needs {need!r} in every result record")
-    out: dict[str, dict[str, float]] = {}
-    for t in iou_types:
-        if not results:
-            out[t] = _zeros(t)
-            continue
-        with quiet_stdout():
-            dt = coco.loadRes(copy.deepcopy(results))
-            ev = COCOeval(coco, dt, t)
-            if image_ids is not None:
-                ev.params.imgIds = sorted(int(i) for i in image_ids)
-            if t == "keypoints":
-                cats = coco.loadCats(coco.getCatIds())
-                num_kpts = len(cats[0].get("keypoints", [])) or len(results[0]["keypoints"]) // 3
-                if kpt_sigmas is not None:
-                    ev.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
-                elif num_kpts != 17:
-                    ev.params.kpt_oks_sigmas = np.full(num_kpts, 1.0 / num_kpts)
-            ev.evaluate()
-            ev.accumulate()
-            ev.summarize()
-        keys = KEYPOINT_KEYS if t == "keypoints" else BOX_KEYS
-        out[t] = {k: max(float(v), 0.0) for k, v in zip(keys, ev.stats)}
+    out: dict[str, dict[str, float]] = {t: _zeros(t) for t in iou_types}
+    todo = list(iou_types) if results else []
+    n_images = len(set(image_ids)) if image_ids is not None else len(coco.getImgIds())
+    n = coco_workers(workers, len(todo), n_images)
+    done: dict[str, dict[str, float]] = {}
+    if n > 1:
+        done = _evaluate_forked(coco, results, todo, image_ids, kpt_sigmas, n)
+    for t in todo:
+        if t not in done:
+            done[t] = _evaluate_type(coco, results, t, image_ids, kpt_sigmas)
+    out.update(done)
     if verbose:
         print(format_table(out))
     return out
+
+
+def _evaluate_forked(coco, results, iou_types, image_ids, kpt_sigmas, workers: int) -> dict[str, dict[str, float]]:
+    """The iou types in forked worker processes; {} when processes cannot be started (the caller
+    then runs them here). Errors inside an evaluation propagate.
+
+    With more workers than iou types, each type's images are split into contiguous chunks (at
+    least :data:`MIN_IMAGES_PER_CHUNK` images each): the workers run ``COCOeval.evaluate`` (IoUs and
+    per-image matching, the costly part) on their chunk and return its ``evalImgs``; this process
+    puts them back in pycocotools' (category, area range, image) order and runs ``accumulate`` and
+    ``summarize`` on the whole: the numbers of one serial evaluation."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    global _FORK_JOB
+    ids = sorted({int(i) for i in (image_ids if image_ids is not None else coco.getImgIds())})
+    per_type = max(1, workers // len(iou_types))
+    chunks = max(1, min(per_type, len(ids) // MIN_IMAGES_PER_CHUNK))
+    _FORK_JOB = (coco, results, image_ids, kpt_sigmas)
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as ex:
+            futures = {}
+            for t in iou_types:
+                nk = _num_kpts(coco, results) if t == "keypoints" else None
+                if chunks == 1:
+                    futures[t] = ex.submit(_forked_job, t, None, nk)
+                else:
+                    bounds = np.linspace(0, len(ids), chunks + 1).round().astype(int)
+                    futures[t] = [(ids[a:b], ex.submit(_forked_job, t, ids[a:b], nk)) for a, b in zip(bounds[:-1], bounds[1:])]
+            out = {}
+            for t, f in futures.items():
+                if not isinstance(f, list):
+                    out[t] = f.result()
+                    continue
+                parts = [(len(c), fut.result()) for c, fut in f]
+                nk = _num_kpts(coco, results) if t == "keypoints" else None
+                with quiet_stdout():
+                    ev = _cocoeval(coco, None, t, ids, kpt_sigmas, nk)
+                    p = ev.params
+                    p.imgIds = list(np.unique(p.imgIds))  # as COCOeval.evaluate sets them
+                    p.maxDets = sorted(p.maxDets)
+                    n_cats = len(p.catIds) if p.useCats else 1
+                    groups = n_cats * len(p.areaRng)
+                    ev.evalImgs = [e for g in range(groups) for n, imgs in parts for e in imgs[g * n:(g + 1) * n]]
+                    ev._paramsEval = copy.deepcopy(p)
+                    out[t] = _summarize(ev, t)
+            return out
+    except (OSError, BrokenProcessPool) as e:  # no fork here (limits, memory): evaluate in this process
+        import warnings
+
+        warnings.warn(f"[yolo_func] COCO evaluation: worker processes failed ({type(e).__name__}: {e}); "
+                      "evaluating in this process", stacklevel=3)
+        return {}
+    finally:
+        _FORK_JOB = None
 
 
 def format_table(metrics: Mapping[str, Mapping[str, float]]) -> str:
@@ -332,6 +524,8 @@ class CocoEvaluator:
         order, see :func:`category_ids_for`; checked against the classes seen).
       kpt_sigmas: OKS sigmas for keypoints (see :func:`evaluate`).
       verbose: print the table in :meth:`evaluate`.
+      workers: processes for the iou types in :meth:`evaluate` (see :func:`evaluate`; None = auto,
+        0 = serial in this process).
 
     Example:
       >>> ev = CocoEvaluator("annotations.json")          # doctest: +SKIP
@@ -348,8 +542,10 @@ class CocoEvaluator:
         category_ids: Sequence[int] | None = None,
         kpt_sigmas: Sequence[float] | None = None,
         verbose: bool = True,
+        workers: int | None = None,
     ):
         self.coco = load_coco(annotations)
+        self.workers = workers
         self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
         self.kpt_sigmas = kpt_sigmas
         self.verbose = verbose
@@ -427,5 +623,5 @@ class CocoEvaluator:
         """
         return evaluate(
             self.coco, self._results, iou_types=self.iou_types if iou_types is None else iou_types,
-            kpt_sigmas=self.kpt_sigmas, image_ids=self.image_ids, verbose=self.verbose,
+            kpt_sigmas=self.kpt_sigmas, image_ids=self.image_ids, verbose=self.verbose, workers=self.workers,
         )

@@ -163,6 +163,36 @@ def _letterboxes(batch) -> list[Letterbox]:
     return out
 
 
+def _detections_to_host(dets: Sequence[Detections]) -> list[Detections]:
+    """A batch's detections on the host with one device-to-host copy: boxes, scores, classes and
+    keypoints packed in one float tensor (classes < 2^24 are exact in float32), masks one copy per
+    image (their sizes differ); CPU detections are returned as they are.
+
+    Args:
+      dets: per image :class:`Detections` on one device, the same dtype and fields in each.
+
+    Returns:
+      The same detections on the CPU (classes int64), values unchanged.
+    """
+    if not dets or dets[0].boxes.device.type == "cpu":
+        return list(dets)
+    dtype = dets[0].boxes.dtype
+    counts = [int(d.scores.shape[0]) for d in dets]
+    has_kpts = dets[0].keypoints is not None
+    cols = [torch.cat([d.boxes for d in dets]), torch.cat([d.scores for d in dets])[:, None].to(dtype),
+            torch.cat([d.classes for d in dets])[:, None].to(dtype)]
+    if has_kpts:
+        kshape = dets[0].keypoints.shape[1:]
+        cols.append(torch.cat([d.keypoints.flatten(1) for d in dets]).to(dtype))
+    host = torch.cat(cols, 1).cpu().split(counts)
+    out = []
+    for d, h in zip(dets, host):
+        out.append(Detections(h[:, :4], h[:, 4].to(d.scores.dtype), h[:, 5].long(),
+                              None if d.masks is None else d.masks.cpu(),
+                              h[:, 6:].reshape(-1, *kshape).to(d.keypoints.dtype) if has_kpts else None))
+    return out
+
+
 def _ground_truth(batch, letterboxes: Sequence[Letterbox]) -> list[GroundTruth]:
     """Each image's labels in original pixels (the letterbox undone, clipped)."""
     t = batch.targets
@@ -315,6 +345,8 @@ def evaluate_with_records(
     verbose: bool = True,
     replay: bool = False,
     max_captures: int = 16,
+    coco: bool = True,
+    coco_workers: int | None = None,
 ) -> tuple[dict, list[dict]]:
     """:func:`evaluate`, also returning the COCO result records (the dataset's image and category ids).
 
@@ -322,7 +354,8 @@ def evaluate_with_records(
       As :func:`evaluate`.
 
     Returns:
-      ``(metrics, records)``; ``records`` as :func:`yolo_func.eval.coco_eval.to_coco_results` makes them.
+      ``(metrics, records)``; ``records`` as :func:`yolo_func.eval.coco_eval.to_coco_results` makes them
+      (``[]`` with ``coco=False``).
     """
     dev = resolve_device(device)
     from yolo_func.data.loader import ValLoader
@@ -345,7 +378,7 @@ def evaluate_with_records(
     kpts = model_kpt_shape(model, params, kpt_shape if kpt_shape is not None else getattr(dataset, "kpt_shape", None))
     category_ids = [dataset_cat_ids[c] for c in class_map]
     to_dataset_class = torch.tensor(class_map, dtype=torch.int64)
-    coco_ev = CocoEvaluator(gt, category_ids=category_ids, verbose=verbose)
+    coco_ev = CocoEvaluator(gt, category_ids=category_ids, verbose=verbose, workers=coco_workers) if coco else None
     internal = MetricAccumulator()
     params, state = T.tree_to(params, dev), T.tree_to(state, dev)
     # never more loader processes than cores (torch warns, and they would only contend)
@@ -364,7 +397,8 @@ def evaluate_with_records(
         else:
             replayer = ValReplay(model, params, state, batch_size=batch_size, conf=conf, iou=iou, max_det=max_det,
                                  num_classes=K, kpt_shape=kpts, max_captures=max_captures)
-    post = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=K, kpt_shape=kpts)
+    # masks only for COCO's segm (the internal metric scores boxes and keypoints)
+    post = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=K, kpt_shape=kpts, masks=coco)
 
     with _progress(len(loader), progress) as bar, torch.no_grad():
         for batch in loader:
@@ -372,7 +406,7 @@ def evaluate_with_records(
             got = replayer(batch.images.to(dev, non_blocking=True)) if replayer is not None else None
             if got is not None and got[0] is not None:
                 dets = [scale_to_original(d, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad)
-                        for d, lb in zip(got[0], letterboxes)]
+                        for d, lb in zip(_detections_to_host(got[0]), letterboxes)]
             else:
                 if got is not None:  # replayed, but the static NMS did not converge: redo it eagerly
                     inference = got[1]
@@ -380,18 +414,19 @@ def evaluate_with_records(
                     images = batch.images.to(dev, non_blocking=True).float() / 255
                     with autocast(dev, amp):
                         inference = model.predict(params, state, images)
-                dets = postprocess(inference, **post, mask_method="native", letterbox=letterboxes)
-            coco_ev.process(batch.image_ids.tolist(), dets)
+                dets = _detections_to_host(postprocess(inference, **post, mask_method="native", letterbox=letterboxes))
+            if coco_ev is not None:
+                coco_ev.process(batch.image_ids.tolist(), dets)
             internal.process(
-                [Detections(d.boxes, d.scores, to_dataset_class[d.classes.cpu()], None, d.keypoints) for d in dets],
+                [Detections(d.boxes, d.scores, to_dataset_class[d.classes], None, d.keypoints) for d in dets],
                 _ground_truth(batch, letterboxes),
             )
             if bar is not None:
                 bar.update(1)
-    metrics = coco_ev.evaluate()
+    metrics = coco_ev.evaluate() if coco_ev is not None else {}
     names = getattr(dataset, "names", None)
     metrics["internal"] = _json_ready(internal.compute(), names)
-    return metrics, coco_ev.results
+    return metrics, [] if coco_ev is None else coco_ev.results
 
 
 def evaluate(
@@ -413,6 +448,8 @@ def evaluate(
     verbose: bool = True,
     replay: bool = False,
     max_captures: int = 16,
+    coco: bool = True,
+    coco_workers: int | None = None,
 ) -> dict:
     """Validate ``model`` on ``dataset`` (REFERENCE.md §3.1): pycocotools numbers and the internal metric.
 
@@ -437,12 +474,18 @@ def evaluate(
         pose models; see the module docstring for the fallbacks). Off by default until the
         replayed path has run on a GPU.
       max_captures: distinct batch shapes captured at most.
+      coco: run pycocotools (``bbox`` / ``segm`` / ``keypoints``); False: only the internal metric
+        (REFERENCE.md §3.6, the per-epoch table and the fitness), no COCO records and no masks at
+        the original size: what the reference's own ``val`` computes.
+      coco_workers: forked processes for pycocotools (the iou types side by side, each type's images
+        split in chunks of >= 16; None: auto, on Linux from the main thread, at most the cores and
+        8; 0: serial in this process; see :func:`yolo_func.eval.coco_eval.evaluate`). Same numbers.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
       {AP, AP50, AP75, APm, APl, AR, AR50, AR75, ARm, ARl},] "internal": {"box": {P, R, mAP50,
       mAP50-95}, ["pose": {...},] "fitness": float, "per_class": {kind: {name: {class, mAP50,
-      mAP50-95}}}}}`` (JSON-ready floats). The internal metric scores boxes and keypoints in
+      mAP50-95}}}}}`` (JSON-ready floats); with ``coco=False`` only ``{"internal": {...}}``. The internal metric scores boxes and keypoints in
       original pixels; it has no ``"mask"`` entry (the val loader carries no mask labels), so a
       segmentation model's ``fitness`` is its box mAP50-95.
 
@@ -465,5 +508,5 @@ def evaluate(
     return evaluate_with_records(
         model, params, state, dataset, image_size=image_size, batch_size=batch_size, device=device, conf=conf,
         iou=iou, max_det=max_det, class_map=class_map, kpt_shape=kpt_shape, workers=workers, progress=progress,
-        verbose=verbose, replay=replay, max_captures=max_captures,
+        verbose=verbose, replay=replay, max_captures=max_captures, coco=coco, coco_workers=coco_workers,
     )[0]

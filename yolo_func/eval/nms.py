@@ -69,10 +69,13 @@ def pairwise_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
     area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
-    lt = torch.maximum(a[..., :, None, :2], b[..., None, :, :2])
-    rb = torch.minimum(a[..., :, None, 2:], b[..., None, :, 2:])
-    wh = (rb - lt).clamp(min=0)
-    inter = wh[..., 0] * wh[..., 1]
+    # x and y separately on contiguous [..., N, M] planes (the same operations, value for value, as
+    # max / min of the stacked corners, without the strided [..., 2] intermediates)
+    ax1, ay1, ax2, ay2 = (a[..., i, None] for i in range(4))
+    bx1, by1, bx2, by2 = (b[..., None, :, i] for i in range(4))
+    w = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp_(min=0)
+    h = (torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp_(min=0)
+    inter = w * h
     return inter / (area_a[..., :, None] + area_b[..., None, :] - inter)
 
 
@@ -99,6 +102,31 @@ def _settle_block(alive: torch.Tensor, sup: torch.Tensor, iters: int | None) -> 
         keep = alive & ~(sup & keep[:, :, None]).any(1)
     settled = (keep == (alive & ~(sup & keep[:, :, None]).any(1))).all(1)
     return keep, settled
+
+
+def _eager_block(bb, vv, kept_boxes, kept_valid, count, *, iou: float, max_det: int) -> torch.Tensor | None:
+    """The eager form's keep mask bool[B, T] of one block, computed only for the images that can
+    still keep a box (a valid candidate in the block and fewer than ``max_det`` kept), on the
+    block's rows up to the last valid one among them, against their kept boxes so far: the other
+    images keep nothing here either way, so the result is the full computation's. None when no
+    image can keep anything in this block."""
+    B, T = vv.shape
+    active = (vv.any(1) & (count < max_det)).nonzero().squeeze(1)
+    if active.numel() == 0:
+        return None
+    v = vv[active]
+    # rows past the last valid one of every active image can neither be kept nor suppress
+    t = int((v * torch.arange(1, T + 1, device=v.device)).max())
+    b, v = bb[active, :t], v[:, :t]
+    k = max(1, min(max_det, int(count[active].max())))
+    by_kept = ((pairwise_iou(kept_boxes[active, :k], b) > iou) & kept_valid[active, :k, None]).any(1)
+    alive = v & ~by_kept
+    upper = torch.ones(t, t, dtype=torch.bool, device=bb.device).triu(1)
+    sup = (pairwise_iou(b, b) > iou) & upper
+    keep_active, _ = _settle_block(alive, sup, None)
+    keep = torch.zeros(B, T, dtype=torch.bool, device=bb.device)
+    keep[active, :t] = keep_active
+    return keep
 
 
 def nms_sorted(
@@ -143,17 +171,23 @@ def nms_sorted(
     kept_index = torch.zeros(B, max_det + 1, dtype=torch.int64, device=dev)
     count = torch.zeros(B, dtype=torch.int64, device=dev)
     converged = torch.ones(B, dtype=torch.bool, device=dev)
-    for start in range(0, N, block):
+    # Eager: blocks up to the last valid candidate of any image only (one host read).
+    n_blocks = N if iters is not None else int((valid * torch.arange(1, N + 1, device=dev)).max()) if N else 0
+    for start in range(0, n_blocks, block):
         bb, vv = boxes[:, start : start + block], valid[:, start : start + block]
+        if iters is None:
+            keep = _eager_block(bb, vv, kept_boxes, kept_valid, count, iou=iou, max_det=max_det)
+            if keep is None:  # no image can keep a box in this block
+                continue
+        else:
+            T = bb.shape[1]
+            by_kept = ((pairwise_iou(kept_boxes[:, :max_det], bb) > iou) & kept_valid[:, :max_det, None]).any(1)
+            alive = vv & ~by_kept
+            upper = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
+            sup = (pairwise_iou(bb, bb) > iou) & upper
+            keep, settled = _settle_block(alive, sup, iters)
+            converged = converged & settled
         T = bb.shape[1]
-        # Eager: compare with the kept rows so far only (the count is read on the host anyway).
-        k = max_det if iters is not None else max(1, min(max_det, int(count.max())))
-        by_kept = ((pairwise_iou(kept_boxes[:, :k], bb) > iou) & kept_valid[:, :k, None]).any(1)
-        alive = vv & ~by_kept
-        upper = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
-        sup = (pairwise_iou(bb, bb) > iou) & upper
-        keep, settled = _settle_block(alive, sup, iters)
-        converged = converged & settled
         pos = count[:, None] + keep.long().cumsum(1) - 1
         pos = torch.where(keep & (pos < max_det), pos, torch.full_like(pos, max_det))
         kept_boxes = kept_boxes.scatter(1, pos[..., None].expand(B, T, 4), bb)

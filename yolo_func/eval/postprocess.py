@@ -181,7 +181,11 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
     rows = row_scores.shape[1]
     row_valid = row_scores > conf
     if n_cand is None:
-        n_cand = min(max_candidates, int(row_valid.sum(1).max()))
+        per_image = row_valid.sum(1)
+        n_valid = int(per_image.max())
+        if n_valid <= max_candidates:  # eager, no cap reached: every valid row, no top-k over all rows
+            return _valid_rows(row_scores, row_valid, per_image, max(1, n_valid), boxes, extra, row_anchor, row_class)
+        n_cand = max_candidates
     n_cand = max(1, min(n_cand, rows))
     key = torch.where(row_valid, row_scores, torch.full_like(row_scores, -torch.inf))
     idx = _top_rows(key, n_cand)
@@ -194,6 +198,31 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
     out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
     out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
     return out_boxes, out_scores, out_classes, out_extra, out_valid
+
+
+def _valid_rows(row_scores, row_valid, per_image, n, boxes, extra, row_anchor, row_class):
+    """:func:`_rows` when every image has at most ``n`` valid rows: the valid rows gathered with one
+    ``nonzero`` (ascending row index per image), then stably sorted by score (descending), so the
+    valid rows come out exactly as from the top-k path; the ``n - count`` slots after them are
+    padding (valid False, score -inf in the sort, row 0), which NMS never keeps."""
+    B = row_scores.shape[0]
+    nz = row_valid.nonzero()  # [V, 2] (image, row), image-major, rows ascending
+    img, row = nz[:, 0], nz[:, 1]
+    starts = per_image.cumsum(0) - per_image
+    slot = torch.arange(img.shape[0], device=img.device) - starts[img]
+    idx = torch.zeros(B, n, dtype=torch.long, device=row_scores.device)
+    idx[img, slot] = row
+    valid = torch.arange(n, device=row_scores.device)[None] < per_image[:, None]
+    key = torch.where(valid, row_scores.gather(1, idx), torch.full((), -torch.inf, dtype=row_scores.dtype,
+                                                                    device=row_scores.device))
+    order = key.sort(dim=1, descending=True, stable=True).indices
+    idx, valid = idx.gather(1, order), valid.gather(1, order)
+    anchor = row_anchor.gather(1, idx)
+    out_scores = row_scores.gather(1, idx)
+    out_classes = row_class.gather(1, idx)
+    out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
+    out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
+    return out_boxes, out_scores, out_classes, out_extra, valid
 
 
 def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
@@ -265,6 +294,7 @@ def postprocess(
     letterbox: Sequence[Letterbox] | None = None,
     max_candidates: int = MAX_CANDIDATES,
     block: int = 256,
+    masks: bool = True,
 ) -> list[Detections]:
     """NMS, masks and keypoints for a batch of raw inference outputs (REFERENCE.md §3.2-3.4).
 
@@ -284,6 +314,8 @@ def postprocess(
         (:func:`scale_to_original`; masks of ``"native"`` come straight from the logits).
       max_candidates: rows per image kept before NMS (the reference's 30 000).
       block: NMS block size (memory ``B * block^2`` booleans; results do not depend on it).
+      masks: assemble masks for a segmentation model's output (False: ``masks`` None, e.g. when
+        only boxes are scored).
 
     Returns:
       B :class:`Detections` in descending score order. Floats are float32 (float64 inputs stay
@@ -318,30 +350,62 @@ def postprocess(
         n_cand=None, max_candidates=max_candidates, block=block, iters=None,
     )
     counts = res.count.tolist()  # sizes of the variable-length outputs (host read)
+    D = boxes.shape[1]
+    keypoints = extra.reshape(B, D, *kpts) if kpts is not None else None
+    with_masks = inference.protos is not None and masks
+    input_shape = _input_shape(inference)
+    if letterbox is not None:  # boxes and keypoints of the whole batch at once (as scale_to_original)
+        orig_boxes, orig_kpts = _scale_batch(boxes, keypoints, letterbox)
     out = []
     for b, n in enumerate(counts):
-        det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n])
-        if kpts is not None:
-            det = det._replace(keypoints=extra[b, :n].reshape(n, *kpts))
-        if inference.protos is not None:
-            input_shape = _input_shape(inference)
+        det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n],
+                         keypoints=None if keypoints is None else keypoints[b, :n])
+        orig = None
+        if letterbox is not None:
+            orig = det._replace(boxes=orig_boxes[b, :n], keypoints=None if orig_kpts is None else orig_kpts[b, :n])
+        if with_masks:
             coeffs = extra[b, :n]
             if mask_method == "native":
                 lb = letterbox[b]
-                orig = scale_to_original(det, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=input_shape)
-                masks = M.masks_native(
+                m = M.masks_native(
                     inference.protos[b], coeffs, orig.boxes, input_shape=input_shape,
                     orig_shape=tuple(lb.orig_shape), gain=lb.gain, pad=tuple(lb.pad),
                 )
-                out.append(orig._replace(masks=masks))
+                out.append(orig._replace(masks=m))
                 continue
             fn = M.masks_val if mask_method == "val" else M.masks_predict
-            det = det._replace(masks=fn(inference.protos[b], coeffs, det.boxes, input_shape))
-        if letterbox is not None:
-            lb = letterbox[b]
-            det = scale_to_original(det, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=_input_shape(inference))
-        out.append(det)
+            m = fn(inference.protos[b], coeffs, det.boxes, input_shape)
+            if orig is not None:
+                lb = letterbox[b]
+                m = M.rescale_masks(m, input_shape=input_shape, orig_shape=(int(lb.orig_shape[0]), int(lb.orig_shape[1])),
+                                    gain=lb.gain, pad=(float(lb.pad[0]), float(lb.pad[1])))
+                out.append(orig._replace(masks=m))
+                continue
+            det = det._replace(masks=m)
+        out.append(det if orig is None else orig)
     return out
+
+
+def _scale_batch(boxes: torch.Tensor, keypoints: torch.Tensor | None, letterbox: Sequence[Letterbox]):
+    """:func:`scale_to_original` of boxes float[B, D, 4] and keypoints float[B, D, P, Dk] | None for
+    the whole batch (the same elementwise operations, so bitwise the same numbers; one small
+    host-to-device copy instead of two per image)."""
+    rows = []
+    for lb in letterbox:
+        gy, gx = M.gains(lb.gain)
+        h0, w0 = int(lb.orig_shape[0]), int(lb.orig_shape[1])
+        rows.append((float(lb.pad[0]), float(lb.pad[1]), gx, gy, w0, h0))
+    t = torch.tensor(rows, dtype=boxes.dtype).to(boxes.device, non_blocking=True)[:, None]  # [B, 1, 6]
+    pad, gain, lim = t[..., 0:2], t[..., 2:4], t[..., 4:6]
+    zero = torch.zeros((), dtype=boxes.dtype, device=boxes.device)
+    xy = torch.minimum(torch.maximum((boxes.unflatten(-1, (2, 2)) - pad[..., None, :]) / gain[..., None, :], zero),
+                       lim[..., None, :]).flatten(-2)
+    kp = None
+    if keypoints is not None:
+        k = keypoints[..., :2]
+        kxy = torch.minimum(torch.maximum((k - pad[..., None, :]) / gain[..., None, :], zero), lim[..., None, :])
+        kp = torch.cat((kxy, keypoints[..., 2:]), -1)
+    return xy, kp
 
 
 def _input_shape(inference: Inference) -> tuple[int, int] | None:
