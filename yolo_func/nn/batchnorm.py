@@ -45,7 +45,7 @@ def sync_batchnorm(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> It
     mean and variance of the batch of *every* data-parallel process (SyncBN), and updates the
     running statistics with them (so they stay equal on every process).
 
-    ``all_reduce_sum(t: float32[N]) -> float32[N]`` must return the sum of ``t`` over the
+    ``all_reduce_sum(t: float[N]) -> float[N]`` must return the sum of ``t`` over the
     processes and be differentiable (its backward: the sum of the cotangents over the processes),
     e.g. :func:`yolo_func.train.distributed.differentiable_all_reduce`; the identity gives the
     one-process statistics. Every process must run the same BN layers in the same order (one
@@ -53,7 +53,8 @@ def sync_batchnorm(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> It
 
     Numerics: one collective per layer carries ``[sum(x - K), sum((x - K)^2), count]`` per channel
     with the shift ``K`` = the running mean (equal on every process), so the variance
-    ``E[(x-K)^2] - E[x-K]^2`` does not cancel catastrophically; normalisation runs in float32.
+    ``E[(x-K)^2] - E[x-K]^2`` does not cancel catastrophically; normalisation runs in at least
+    float32 (half-precision activations are upcast; float64 stays float64).
     Equal to ``F.batch_norm`` up to float rounding (about 1e-6 relative) on one process.
 
     Example:
@@ -75,18 +76,18 @@ def _synced(params: dict, x: torch.Tensor, mean_buf: torch.Tensor, var_buf: torc
             momentum: float) -> torch.Tensor:
     """SyncBN forward; writes the running statistics into ``mean_buf`` / ``var_buf`` in place."""
     c = x.shape[1]
-    xf = x.float()
-    shift = mean_buf.detach().float().view(1, c, 1, 1)  # a constant, equal on every process
+    xf = x.float() if x.element_size() < 4 else x  # at least float32 (float64 stays float64)
+    shift = mean_buf.detach().to(xf.dtype).view(1, c, 1, 1)  # a constant, equal on every process
     d = xf - shift
     dims = (0, 2, 3)
-    count = torch.full((1,), float(x.numel() // c), dtype=torch.float32, device=x.device)
+    count = torch.full((1,), float(x.numel() // c), dtype=xf.dtype, device=x.device)
     tot = sync(torch.cat([d.sum(dims), (d * d).sum(dims), count]))
     n = tot[2 * c]
     m1 = tot[:c] / n
     var = (tot[c:2 * c] / n - m1 * m1).clamp(min=0.0)  # biased, as F.batch_norm normalises
     mean = shift.view(c) + m1
     y = (xf - mean.view(1, c, 1, 1)) * torch.rsqrt(var + eps).view(1, c, 1, 1)
-    y = y * params["weight"].float().view(1, c, 1, 1) + params["bias"].float().view(1, c, 1, 1)
+    y = y * params["weight"].to(xf.dtype).view(1, c, 1, 1) + params["bias"].to(xf.dtype).view(1, c, 1, 1)
     # Running statistics: F.batch_norm's own in-place update (it is what works inside torch.func
     # transforms on plain buffers) fed two points per channel whose mean and unbiased variance are
     # the global batch's: a, b = mean +- sqrt(var_unbiased / 2).
@@ -95,7 +96,7 @@ def _synced(params: dict, x: torch.Tensor, mean_buf: torch.Tensor, var_buf: torc
         var_u = var.detach() * nd / (nd - 1).clamp(min=1.0)
         half = torch.sqrt(var_u / 2)
         z = torch.stack([mean.detach() + half, mean.detach() - half])  # [2, C]
-        F.batch_norm(z, mean_buf, var_buf, None, None, True, momentum, eps)
+        F.batch_norm(z.to(mean_buf.dtype), mean_buf, var_buf, None, None, True, momentum, eps)
     return y.to(x.dtype)
 
 
