@@ -194,4 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # torchrun workers (``-m yolo_func.cli``): @record writes an uncaught exception's traceback to
+    # the file torchrun's agent reads, so the job's failure report shows the failing rank's error
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    sys.exit(record(main)())

@@ -288,3 +288,49 @@ def test_buckets_group_per_dtype_and_respect_the_size():
     leaves = [torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(300), torch.zeros(10)]
     got = _buckets(leaves, bucket_bytes=1250)  # float32: 40 + 1200 fit, + 40 more do not; float64 apart
     assert got == [[0, 2], [3], [1]]
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def test_devices_starts_torchrun_through_its_public_entry(monkeypatch):
+    import torch.distributed.run as run_mod
+
+    from yolo_func.cli import main
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test (launch sets it)
+    seen = []
+    monkeypatch.setattr(run_mod, "run", lambda args: seen.append(args))
+    argv = ["train", "--epochs", "1", "--devices", "0,2", "data.workers=0"]
+    assert main(argv) == 0
+    (args,) = seen
+    assert int(args.nproc_per_node) == 2 and args.module and args.training_script == "yolo_func.cli"
+    assert args.training_script_args == ["train", "--epochs", "1", "data.workers=0"]  # --devices removed
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,2" and args.max_restarts == 0 and args.standalone
+    seen.clear()
+    assert main(["train", "--device", "cpu", "--devices", "0,1,2"]) == 0  # CPU: a count of gloo workers
+    assert int(seen[0].nproc_per_node) == 3 and os.environ["CUDA_VISIBLE_DEVICES"] == "0,2"
+    assert main(["train", "--devices", "0,0"]) == 2  # a bad list: one error line, exit 2
+    seen.clear()
+    assert main(["train", "--devices=0,1", "--epochs", "2"]) == 0
+    assert seen[0].training_script_args == ["train", "--epochs", "2"]
+
+
+@pytest.mark.slow
+def test_devices_on_the_cpu_trains_end_to_end(tmp_path, builtin_root):
+    from yolo_func.data import builtin_dataset
+
+    ds = builtin_dataset("detect", "train", root=builtin_root, num_images=8)
+    ann = Path(ds.annotations_path)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "YOLO_FUNC_DIST_TIMEOUT": "120"}
+    cmd = [sys.executable, "-m", "yolo_func.cli", "train", "--devices", "0,1", "--device", "cpu", "--data", str(ann),
+           "--imgsz", str(IMGSZ), "--batch", "2", "--epochs", "1", "--out", str(out), "data.workers=0",
+           "train.plots=false", "val.coco=off", "val.batch_size=1"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "weights" / "last.pt").is_file()
+    assert len((out / "results.csv").read_text().strip().splitlines()) == 2  # header + 1 epoch, written once
+    assert "data-parallel: 2 processes (gloo)" in proc.stdout
