@@ -305,7 +305,7 @@ class _NetworkLevel(_Level):
         def net_fn(p, s, x):  # uint8 images are divided by 255 inside the captured forward
             return model.network.apply(p, s, normalize_images(x, to_float), train=True)
 
-        cap = o.cache.get_or_capture(key, lambda: capture_vjp(
+        cap = o.cache.get_or_capture(key, lambda: o._quiesced(capture_vjp)(
             net_fn, ts.params["network"], ts.state["network"], images, warmup=o.warmup, autocast_dtype=dtype,
             pool=o.cache.pool, forward_context=update_stats_in_place), part="network")
         static = cap.static
@@ -365,7 +365,7 @@ class _NetworkHeadsLevel(_NetworkLevel):
         params_h, state_h = dict(ts.params["heads"]), dict(ts.state["heads"])
         captures, preds, backups = {}, {}, {}
         for name, head in o.model.heads.items():
-            hcap = o.cache.get_or_capture(key, lambda: capture_head(
+            hcap = o.cache.get_or_capture(key, lambda: o._quiesced(capture_head)(
                 head, params_h[name], state_h[name], feats, warmup=o.warmup, autocast_dtype=dtype),
                 part=("head", name))
             if not _holds(params_h[name], hcap.params):
@@ -479,10 +479,24 @@ class ReplayTrainStep:
                                tx=self.tx, ema=self.ema, skip_nonfinite=self.skip_nonfinite,
                                old_model_state=inp.old_state)
 
-        cap = self.cache.get_or_capture(key, lambda: capture_step(
+        cap = self.cache.get_or_capture(key, lambda: self._quiesced(capture_step)(
             update, ts, inputs, warmup=self.warmup, pool=self.cache.pool, donate_carry=True,
             persistent=persistent), part="update")
         return cap.step(ts, inputs)
+
+    def _quiesced(self, capture: Callable) -> Callable:
+        """``capture`` run after the device has finished all queued work when the step all-reduces
+        (data-parallel): no collective is in flight while a graph is captured (a communicator's
+        watchdog polling an unfinished collective's event during a capture can invalidate it). Only
+        at capture time: replays never synchronise."""
+        if self.grad_reduce is None or not torch.cuda.is_available():
+            return capture
+
+        def run(*args, **kwargs):
+            torch.cuda.synchronize()
+            return capture(*args, **kwargs)
+
+        return run
 
     def _snapshot(self, key: Hashable, tree):
         """A copy of ``tree`` (static BN statistics a replayed forward is about to overwrite), in
