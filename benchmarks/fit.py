@@ -118,6 +118,13 @@ def child_ours(spec: dict) -> None:
     m = result.metrics or {}
     out["metrics"] = scalars(m)
     out["capture"] = spec["capture"]
+    try:  # where the time between training windows went: the fit's per-epoch phases (events.jsonl)
+        events = [json.loads(line) for line in (Path(result.run_dir) / "events.jsonl").read_text().splitlines()]
+        out["epoch_timing"] = [e.get("timing") for e in events if e["event"] == "epoch"]
+        out["checkpoint_events"] = [{k: e.get(k) for k in ("epoch", "seconds", "copy_seconds", "background")}
+                                    for e in events if e["event"] == "checkpoint"]
+    except (OSError, ValueError, KeyError) as e:
+        out["epoch_timing_error"] = f"{type(e).__name__}: {e}"
     emit_result(out)
 
 
@@ -284,6 +291,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2, help="eager/replay pairs per batch")
     ap.add_argument("--ref-runs", type=int, default=1, help="reference fits per batch (0: none)")
     ap.add_argument("--no-ref", action="store_true", help="skip the reference trainer")
+    ap.add_argument("--variants", nargs="+", default=["eager", "replay"], choices=["eager", "replay"],
+                    help="our variants to run (e.g. only replay beside the reference)")
     ap.add_argument("--ref-python", default=sys.executable, help="the interpreter that imports ultralytics")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--capture", default="auto", help="our replay level (train.capture) for the replay rows")
@@ -356,8 +365,11 @@ def main() -> None:
     try:
         for batch in args.batches:
             for i in range(args.pairs):
-                run("ours", "eager", batch, i)
-                if cuda:
+                if "eager" in args.variants:
+                    run("ours", "eager", batch, i)
+                if "replay" not in args.variants:
+                    pass
+                elif cuda:
                     run("ours", "replay", batch, i)
                 else:
                     record({"impl": "ours", "variant": "replay", "batch": batch, "run": i, "status": "skipped",

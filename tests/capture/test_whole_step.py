@@ -109,3 +109,44 @@ def test_other_shapes_raise_capture_mismatch():
     bad = {"x": torch.randn(4, 5, device="cuda"), "y": torch.randn(4, 3, device="cuda")}
     with pytest.raises(CaptureMismatch, match="inputs/x"):
         cap.step(cap.static.carry, bad)
+
+
+@pytest.mark.cuda
+def test_capture_survives_a_busy_helper_thread():
+    """A fit captures while its helper threads (checkpoint writer, pinned-memory loader, COCO)
+    allocate and sync on their own streams; under torch's default "global" capture mode such a
+    call aborts the capture (cudaErrorStreamCaptureInvalidated, seen in the resume test on an
+    H200). Captures are thread-local: a thread hammering cudaMalloc, pinned allocations and
+    device-to-host syncs during 20 captures leaves every capture and replay exact."""
+    import threading
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def busy() -> None:
+        try:
+            while not stop.is_set():
+                x = torch.empty(1 << 20, device="cuda")  # cudaMalloc once the cache is exhausted
+                x.fill_(1.0).sum().item()  # a device-to-host sync on this thread's stream
+                torch.empty(1 << 16, pin_memory=True)  # cudaHostAlloc
+                del x
+                torch.cuda.empty_cache()  # cudaFree: the next empty() mallocs again
+        except BaseException as e:  # noqa: BLE001 -- reported by the test
+            errors.append(e)
+
+    helper = threading.Thread(target=busy, daemon=True)
+    helper.start()
+    try:
+        for round_ in range(20):
+            eager, carry = _carry("cuda"), _carry("cuda")
+            cap = capture_step(_step, carry, _inputs(0, "cuda"), donate_carry=True)
+            for i in range(3):
+                inp = _inputs(i, "cuda")
+                eager, _ = _step(eager, inp)
+                carry, _ = cap.step(carry, inp)
+            for k in eager:
+                assert torch.equal(carry[k], eager[k]), (round_, k)
+    finally:
+        stop.set()
+        helper.join(timeout=30)
+    assert not errors, errors

@@ -91,6 +91,14 @@ class Binder:
         return len(dst)
 
 
+# The stream-capture mode of every CUDA graph this package records. "thread_local": only the
+# capturing thread's potentially unsafe CUDA calls (cudaMalloc, syncs) invalidate the capture. A fit
+# runs helper threads (checkpoint writer, the loader's pinned-memory thread, COCO evaluation,
+# imports) that never touch the captured stream; under torch's default "global" mode one of their
+# calls during a capture aborts it with cudaErrorStreamCaptureInvalidated.
+CAPTURE_ERROR_MODE = "thread_local"
+
+
 def check_available(groups: Mapping[str, PyTree], generators: tuple = (), *, caller: str = "capture_vjp") -> torch.device:
     """The one CUDA device every leaf of ``groups`` lives on, or why capture cannot run.
 

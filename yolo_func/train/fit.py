@@ -558,7 +558,7 @@ class _FollowerRunDir:
     def event(self, *args, **kwargs) -> None:
         pass
 
-    def log_epoch(self, row: dict) -> bool:
+    def log_epoch(self, row: dict, **kwargs) -> bool:
         return False  # rank 0's verdict is broadcast
 
     def summary(self) -> str:
@@ -780,7 +780,10 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                            disable=not progress, dynamic_ncols=True, file=sys.stderr)
                 t_epoch, imgs_epoch, shown = time.monotonic(), 0, {}
                 b = -1
+                t_first = None
                 for b, host_batch in enumerate(loader, start=start_batch):
+                    if t_first is None:
+                        t_first = time.monotonic() - t_epoch  # the wait for the epoch's first batch
                     if plots and epoch == 0 and b == 0 and rank == 0:
                         from yolo_func.train.plots import plot_batch
                         plot_batch(host_batch.images, host_batch.targets, names, rd.path / "train_batch0.png")
@@ -831,13 +834,17 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 last = epoch + 1 == epochs
                 do_val = (epoch + 1) % config.train.val_every == 0 or last or stopped == "time_limit"
                 sync_ranks()
+                t_val = time.monotonic()
                 metrics_v, records = run_validation(epoch) if do_val else (None, None)
                 if metrics_v is not None:
                     last_metrics = metrics_v
+                t_wait = time.monotonic()
                 # the previous epoch's checkpoint (written while this epoch trained) is on disk before this
                 # epoch's row: events.jsonl keeps epoch, checkpoint, epoch, checkpoint ... in order
                 rd.wait()
-                is_best = rd.log_epoch(row_for(epoch + 1, sums, count, metrics_v))
+                timing = {"first_batch": t_first or 0.0, "train": t_val - t_epoch, "val": t_wait - t_val,
+                          "checkpoint_wait": time.monotonic() - t_wait}
+                is_best = rd.log_epoch(row_for(epoch + 1, sums, count, metrics_v), timing=timing)
                 if ctx is not None:
                     is_best = bool(D.broadcast_object(is_best))
                 submit_coco(epoch, records)

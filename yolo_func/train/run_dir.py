@@ -306,13 +306,15 @@ class RunDir:
 
     # -------------------------------------------------------------------------------- results
 
-    def log_epoch(self, row: Mapping[str, Any]) -> bool:
+    def log_epoch(self, row: Mapping[str, Any], *, timing: Mapping[str, float] | None = None) -> bool:
         """Append one row to ``results.csv`` (the header first when the file is new) and log an
         ``epoch`` event holding the row as ``results``.
 
         Args:
           row: ``{column: number}``; ``epoch`` is required, missing columns stay empty (e.g. an
             epoch without validation), ``fitness`` is computed from the metrics when absent.
+          timing: optional ``{phase: seconds}`` stored in the event as ``timing`` (not in the CSV),
+            e.g. the fit's ``first_batch`` / ``train`` / ``val`` / ``checkpoint_wait`` seconds.
 
         Returns:
           True when this row's fitness is the best so far (the caller then saves ``best.pt``).
@@ -339,7 +341,8 @@ class RunDir:
             f.write(buf.getvalue())
             f.flush()
             os.fsync(f.fileno())
-        self.event("epoch", epoch=int(row["epoch"]), results={k: v for k, v in row.items() if v is not None})
+        extra = {} if timing is None else {"timing": {k: round(float(v), 4) for k, v in timing.items()}}
+        self.event("epoch", epoch=int(row["epoch"]), results={k: v for k, v in row.items() if v is not None}, **extra)
         return row["fitness"] is not None and all(row["fitness"] > p for p in previous)
 
     def read_results(self) -> list[dict[str, Any]]:
