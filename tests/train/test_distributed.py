@@ -11,8 +11,10 @@ the crash), tiny images (64 px), a few steps.
   Both sides run in float64, so the only differences — summation orders (BN sums over two halves
   then an all-reduce, versus one sum over the whole batch; weight gradients summed per rank then
   across ranks) — are ~1e-15 relative and any real mismatch (a missing factor, a wrong slice, a
-  BN statistic of one rank) shows up orders of magnitude above the tolerance: rtol 1e-9, atol
-  1e-12 on the parameters after each step. (In float32 the same comparison passes only at ~1e-3
+  BN statistic of one rank) shows up orders of magnitude above the tolerance: rtol 1e-9 and atol
+  1e-9 x max(the tensor's largest magnitude, 1e-2) on the parameters after each step (an element far
+  smaller than its tensor's scale carries the tensor's absolute rounding, ~1e-12; BN's backward
+  amplifies summation-order differences, and the thread count changes the order from run to run). (In float32 the same comparison passes only at ~1e-3
   relative on small elements: BN's backward amplifies 1e-7 summation differences.) The running
   statistics go through SyncBN's two-point update (module :mod:`yolo_func.nn.batchnorm`):
   rtol 1e-7.
@@ -142,7 +144,8 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, builtin_ro
         for path, ref in one["params"][s].items():
             # the ranks hold bitwise the same parameters (the all-reduce gives every rank the same sum)
             assert torch.equal(r0["params"][s][path], r1["params"][s][path]), path
-            torch.testing.assert_close(r0["params"][s][path], ref, rtol=1e-9, atol=1e-12, msg=lambda m: f"step {s} {path}: {m}")
+            atol = 1e-9 * max(float(ref.abs().max()), 1e-2)  # float64 rounding, scaled to the tensor (>= 1e-11)
+            torch.testing.assert_close(r0["params"][s][path], ref, rtol=1e-9, atol=atol, msg=lambda m: f"step {s} {path}: {m}")
         # losses: the mean over the ranks of a sum over B images = half the sum over 2B images
         # (the step's loss metric is float32: finish_step sums the heads' losses in float32)
         assert r0["loss"][s] == pytest.approx(one["loss"][s] / 2, rel=1e-6)
