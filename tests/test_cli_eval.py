@@ -114,7 +114,7 @@ def test_val_bad_data_path_is_one_error_line(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: [yolo_func] --data {str(tmp_path / 'nothing')!r}: expected a COCO folder (annotations.json + "
-                   "images/), a COCO JSON (with --images) or a YOLO data.yaml"]
+                   "images/), a COCO JSON (with --images), a YOLO data.yaml or 'builtin'"]
 
 
 def _images(folder: Path, n: int) -> None:
@@ -162,3 +162,20 @@ def test_predict_exit_code_is_1_when_nothing_could_be_read(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "broken.png" in err and "matches no file" in err and "no image could be read" in err
     assert json.loads((tmp_path / "out" / "predictions.json").read_text()) == []
+
+
+def test_open_dataset_builtin_is_the_fits_val_split(tmp_path, monkeypatch):
+    """``--data builtin`` names the val split the default fit validates on (same images and boxes)."""
+    from yolo_func.cli_eval import open_dataset
+    from yolo_func.data import builtin_dataset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ds = open_dataset("builtin", task="detect")
+    ref = builtin_dataset("detect", "val", root=tmp_path / "cache" / "yolo_func", seed=0)
+    assert len(ds) == len(ref) > 0
+    for i in (0, len(ds) - 1):
+        a, b = ds[i], ref[i]
+        assert np.array_equal(a.image, b.image)
+        assert torch.equal(torch.as_tensor(a.boxes), torch.as_tensor(b.boxes))
+    with pytest.raises(ValueError, match="'builtin'"):
+        open_dataset(tmp_path / "nothing-here", task="detect")

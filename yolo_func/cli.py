@@ -6,6 +6,7 @@ Commands:
   info   parameter counts of every scale and task.
   val    validate weights on a dataset (pycocotools metrics, predictions JSON).
   predict  detections and pictures for images, a folder or a glob.
+  export   weights to ONNX (raw inference output, optionally with NMS).
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     from yolo_func.cli_eval import add_eval_commands
 
     eval_handlers = add_eval_commands(sub, _image_size, _positive_int)
+    from yolo_func.cli_export import add_export_command
+
+    eval_handlers.update(add_export_command(sub, _image_size, _positive_int))
     try:
         # parse_known_args: ``key=value`` overrides may come before, between or after the flags
         # (``train optim.lr0=0.02 --epochs 3 data.workers=0``); argparse alone takes one run of them.

@@ -29,6 +29,20 @@ class LoadedWeights(NamedTuple):
       params, state: float32 trees on the CPU.
       names: one class name per model class.
       source: ``"yolo_func"`` or ``"reference"``.
+
+    Example:
+      >>> import tempfile, torch
+      >>> from pathlib import Path
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.io import to_reference
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> path = Path(tempfile.mkdtemp()) / "w.pt"
+      >>> torch.save({"model": to_reference(model, params, state)}, path)      # a reference-layout file
+      >>> from yolo_func.cli_eval import load_weights
+      >>> model2, params2, state2, names, source = load_weights(path)    # a LoadedWeights record
+      >>> model2.task, len(names), source
+      ('detect', 5, 'reference')
     """
 
     model: Any
@@ -68,6 +82,20 @@ def load_weights(path: str | Path) -> LoadedWeights:
 
     Raises:
       ValueError: the file is missing or neither kind (the message gives both readers' reasons).
+
+    Example:
+      >>> import tempfile, torch
+      >>> from pathlib import Path
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.io import to_reference
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> path = Path(tempfile.mkdtemp()) / "w.pt"
+      >>> torch.save({"model": to_reference(model, params, state)}, path)      # a reference-layout file
+      >>> from yolo_func.cli_eval import load_weights
+      >>> w = load_weights(path)                           # also a run's weights/best.pt (our checkpoint)
+      >>> w.source, w.model.num_classes, w.names[:2]
+      ('reference', 5, ['0', '1'])
     """
     from yolo_func.io import load_reference_model
 
@@ -91,15 +119,27 @@ def open_dataset(data: str | Path, *, task: str, images: str | Path | None = Non
     """The dataset ``yolo-func val --data`` names.
 
     Args:
-      data: a COCO folder (``annotations.json`` + ``images/``), a COCO ``.json`` or a YOLO ``.yaml``.
+      data: a COCO folder (``annotations.json`` + ``images/``), a COCO ``.json``, a YOLO ``.yaml``, or
+        ``"builtin"``: the built-in data's val split of ``task`` (what ``yolo-func train`` trains on
+        by default; generated on first use, then read from the cache).
       task: the model's task.
       images: the image folder of a COCO JSON (default: ``images`` next to the JSON).
 
     Raises:
       ValueError: none of these forms (the message lists them).
-    """
-    from yolo_func.data import CocoDataset, YoloDataset
 
+    Example:
+      >>> from yolo_func.cli_eval import open_dataset
+      >>> from yolo_func.data import builtin_dataset
+      >>> val = builtin_dataset("detect", "val", num_images=2)
+      >>> ds = open_dataset(val.annotations_path, task="detect", images=val.image_dir)   # a COCO JSON + --images
+      >>> type(ds).__name__, len(ds)
+      ('CocoDataset', 2)
+    """
+    from yolo_func.data import CocoDataset, YoloDataset, builtin_dataset
+
+    if str(data) == "builtin":  # the same val split the fit validates on (configs' data.path="builtin")
+        return builtin_dataset(task, "val", seed=0)
     data = Path(data)
     if data.is_dir() and (data / "annotations.json").is_file():
         return CocoDataset(data / "annotations.json", Path(images) if images else data / "images", task=task)
@@ -108,7 +148,7 @@ def open_dataset(data: str | Path, *, task: str, images: str | Path | None = Non
     if data.is_file() and data.suffix.lower() in (".yaml", ".yml"):
         return YoloDataset(data, "val", task=task)
     raise ValueError(f"[yolo_func] --data {str(data)!r}: expected a COCO folder (annotations.json + images/), a COCO "
-                     "JSON (with --images) or a YOLO data.yaml")
+                     "JSON (with --images), a YOLO data.yaml or 'builtin'")
 
 
 def class_mapping(model_names: list[str], dataset_names: list[str]) -> tuple[list[int], str]:
@@ -120,6 +160,13 @@ def class_mapping(model_names: list[str], dataset_names: list[str]) -> tuple[lis
 
     Raises:
       ValueError: by order, with different class counts (naming both).
+
+    Example:
+      >>> from yolo_func.cli_eval import class_mapping
+      >>> class_mapping(["cat", "dog"], ["dog", "bird", "cat"])[0]    # by name
+      [2, 0]
+      >>> class_mapping(["0", "1"], ["dog", "cat"])[0]                # by order (names do not match)
+      [0, 1]
     """
     index = {n: k for k, n in enumerate(dataset_names)}
     if len(set(model_names)) == len(model_names) and all(n in index for n in model_names):
@@ -207,12 +254,22 @@ def add_eval_commands(sub: Any, image_size_type: Any, positive_int_type: Any) ->
 
     Returns:
       ``{command: handler}`` (each handler takes the parsed namespace and returns the exit status).
+
+    Example:
+      >>> import argparse
+      >>> from yolo_func.cli_eval import add_eval_commands
+      >>> parser = argparse.ArgumentParser(prog="demo")
+      >>> handlers = add_eval_commands(parser.add_subparsers(dest="command"), int, int)
+      >>> sorted(handlers)
+      ['predict', 'val']
+      >>> parser.parse_args(["val", "--weights", "w.pt", "--data", "d", "--out", "o"]).command
+      'val'
     """
     fmt = argparse.ArgumentDefaultsHelpFormatter
     val = sub.add_parser("val", help="validate weights on a dataset: pycocotools metrics and predictions JSON",
                          formatter_class=fmt)
     val.add_argument("--weights", required=True, default=argparse.SUPPRESS, help="our checkpoint or a reference-layout .pt")
-    val.add_argument("--data", required=True, default=argparse.SUPPRESS, help="a COCO folder (annotations.json + images/), a COCO JSON or a YOLO data.yaml")
+    val.add_argument("--data", required=True, default=argparse.SUPPRESS, help="a COCO folder (annotations.json + images/), a COCO JSON, a YOLO data.yaml or 'builtin' (the built-in val split)")
     val.add_argument("--images", default=None, help="image folder of a COCO JSON; None: the images/ folder next to it")
     val.add_argument("--out", required=True, default=argparse.SUPPRESS, help="output folder for metrics.json and predictions.json")
     val.add_argument("--imgsz", type=image_size_type, default=640, help="long side of the val images, a multiple of 32")

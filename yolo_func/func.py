@@ -41,6 +41,17 @@ def autocast(device: torch.device | str, dtype: torch.dtype | None):
     Args:
       device: the device (or its type string, e.g. ``"cuda"``) the autocast region runs on.
       dtype: ``torch.bfloat16``, ``torch.float16`` or None.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.func import autocast
+      >>> with autocast("cpu", torch.bfloat16):
+      ...     y = torch.ones(2, 2) @ torch.ones(2, 2)
+      >>> y.dtype
+      torch.bfloat16
+      >>> with autocast("cpu", None):                        # a no-op
+      ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+      torch.float32
     """
     if dtype is None:
         return contextlib.nullcontext()
@@ -58,6 +69,14 @@ def first_order(pullback: Callable) -> Callable:
     Args:
       pullback: ``(*cotangents, **kwargs) -> gradients`` (keyword arguments such as
         ``retain_graph=False`` are passed through).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.func import first_order
+      >>> x = torch.tensor([1.0, 2.0])
+      >>> y, pullback = torch.func.vjp(lambda t: (t ** 2).sum(), x)
+      >>> first_order(pullback)(torch.tensor(1.0))          # d/dx sum(x^2) = 2x, without a graph of the backward
+      (tensor([2., 4.]),)
     """
     def run(*cotangents, **kwargs):
         with torch.no_grad():
@@ -82,6 +101,15 @@ def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
 
     Returns:
       ``(outputs, pullback: cotangents (outputs' tree) -> tuple of gradient trees, aux)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.func import flat_vjp
+      >>> def fn(p):                                          # a tree in, (output, aux) out
+      ...     return (p["w"] * 3).sum(), {"n": p["w"].detach().sum()}
+      >>> out, pullback, aux = flat_vjp(fn, {"w": torch.ones(2)})
+      >>> out, aux, pullback(torch.tensor(1.0))[0]["w"]
+      (tensor(6.), {'n': tensor(2.)}, tensor([3., 3.]))
     """
     flat, defs = [], []
     for p in primals:

@@ -60,43 +60,111 @@ def _accessor_str(accessor) -> str:
 
 
 def tree_map(fn: Callable[..., Any], tree: PyTree, *rest: PyTree) -> PyTree:
-    """Apply ``fn`` leaf-wise over one or more trees of identical structure."""
+    """Apply ``fn`` leaf-wise over one or more trees of identical structure.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_map(lambda x: x.shape, t)
+      {'w': torch.Size([2, 3]), 'b': {'x': torch.Size([2])}}
+      >>> tree.tree_map(torch.add, t, t)["w"][0]
+      tensor([2., 2., 2.])
+    """
     return optree.tree_map(fn, tree, *rest, namespace=NAMESPACE)
 
 
 def tree_leaves(tree: PyTree) -> list[Any]:
-    """Leaves in optree order (dict keys sorted)."""
+    """Leaves in optree order (dict keys sorted).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> [tuple(x.shape) for x in tree.tree_leaves(t)]   # keys sorted: b/x, then w
+      [(2,), (2, 3)]
+    """
     return optree.tree_leaves(tree, namespace=NAMESPACE)
 
 
 def tree_structure(tree: PyTree) -> optree.PyTreeSpec:
-    """The treedef of ``tree``."""
+    """The treedef of ``tree``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_structure(t).num_leaves
+      2
+    """
     return optree.tree_structure(tree, namespace=NAMESPACE)
 
 
 def tree_flatten(tree: PyTree) -> tuple[list[Any], optree.PyTreeSpec]:
-    """``(leaves, treedef)``."""
+    """``(leaves, treedef)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> leaves, treedef = tree.tree_flatten(t)
+      >>> len(leaves), treedef.num_leaves
+      (2, 2)
+    """
     return optree.tree_flatten(tree, namespace=NAMESPACE)
 
 
 def tree_unflatten(treedef: optree.PyTreeSpec, leaves: Iterable[Any]) -> PyTree:
-    """Inverse of :func:`tree_flatten`."""
+    """Inverse of :func:`tree_flatten`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> leaves, treedef = tree.tree_flatten(t)
+      >>> tree.tree_unflatten(treedef, [x + 1 for x in leaves])["b"]["x"]
+      tensor([1., 1.])
+    """
     return optree.tree_unflatten(treedef, list(leaves))
 
 
 def tree_paths(tree: PyTree) -> list[str]:
     """``"/"``-joined paths of every leaf, in leaf order (NamedTuple fields by name, dict entries by
-    key, sequence entries by index)."""
+    key, sequence entries by index).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_paths(t)
+      ['b/x', 'w']
+    """
     return [_accessor_str(a) for a in optree.tree_accessors(tree, namespace=NAMESPACE)]
 
 
 def tree_items(tree: PyTree) -> list[tuple[str, Any]]:
-    """``[(path, leaf), ...]`` in leaf order."""
+    """``[(path, leaf), ...]`` in leaf order.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> [(p, tuple(x.shape)) for p, x in tree.tree_items(t)]
+      [('b/x', (2,)), ('w', (2, 3))]
+    """
     return list(zip(tree_paths(tree), tree_leaves(tree)))
 
 
 def tree_flat_dict(tree: PyTree) -> dict[str, Any]:
-    """``{path: leaf}`` for every leaf."""
+    """``{path: leaf}`` for every leaf.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> {k: tuple(v.shape) for k, v in tree.tree_flat_dict(t).items()}
+      {'b/x': (2,), 'w': (2, 3)}
+    """
     return dict(tree_items(tree))
 
 
@@ -106,6 +174,14 @@ def tree_from_flat_dict(flat: Mapping[str, Any]) -> dict:
 
     Raises:
       ValueError: a path is both a leaf and a prefix of another path.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> back = tree.tree_from_flat_dict(tree.tree_flat_dict(t))
+      >>> sorted(back), sorted(back["b"])
+      (['b', 'w'], ['x'])
     """
     out: dict = {}
     for path, leaf in flat.items():
@@ -127,6 +203,13 @@ def tree_get(tree: PyTree, path: str) -> Any:
 
     Raises:
       KeyError: naming the first missing key and the keys available there.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_get(t, "b/x")
+      tensor([0., 0.])
     """
     node = tree
     for k in path.split("/") if path else []:
@@ -138,22 +221,57 @@ def tree_get(tree: PyTree, path: str) -> Any:
 
 
 def tree_add(a: PyTree, b: PyTree) -> PyTree:
-    """Leaf-wise ``a + b``."""
+    """Leaf-wise ``a + b``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_add(t, t)["w"].sum().item()
+      12.0
+    """
     return tree_map(torch.add, a, b)
 
 
 def tree_sub(a: PyTree, b: PyTree) -> PyTree:
-    """Leaf-wise ``a - b``."""
+    """Leaf-wise ``a - b``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_sub(t, t)["w"].abs().sum().item()
+      0.0
+    """
     return tree_map(torch.sub, a, b)
 
 
 def tree_scale(tree: PyTree, scale: float | torch.Tensor) -> PyTree:
-    """Leaf-wise ``leaf * scale``."""
+    """Leaf-wise ``leaf * scale``.
+
+    Example:
+      Leaves keep their shapes and dtypes (``float[...]`` times a Python float or a ``float[]`` tensor).
+
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_scale(t, 0.5)["w"][0]
+      tensor([0.5000, 0.5000, 0.5000])
+    """
     return tree_map(lambda x: x * scale, tree)
 
 
 def tree_zeros_like(tree: PyTree) -> PyTree:
-    """Zeros shaped, typed and placed like every leaf."""
+    """Zeros shaped, typed and placed like every leaf.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> z = tree.tree_zeros_like(t)
+      >>> z["w"].shape, z["w"].sum().item()
+      (torch.Size([2, 3]), 0.0)
+    """
     return tree_map(torch.zeros_like, tree)
 
 
@@ -162,6 +280,16 @@ def tree_ravel(tree: PyTree) -> tuple[torch.Tensor, Callable[[torch.Tensor], PyT
 
     Leaves must share a dtype and device. Returns ``(flat float[N], unravel)`` where
     ``unravel(flat)`` rebuilds the tree (views into ``flat``, reshaped).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> flat, unravel = tree.tree_ravel(t)
+      >>> flat.shape
+      torch.Size([8])
+      >>> unravel(flat * 2)["w"][0]
+      tensor([2., 2., 2.])
     """
     leaves, treedef = tree_flatten(tree)
     if not leaves:
@@ -183,12 +311,28 @@ def tree_ravel(tree: PyTree) -> tuple[torch.Tensor, Callable[[torch.Tensor], PyT
 
 
 def tree_count(tree: PyTree) -> int:
-    """Total number of elements over all tensor leaves."""
+    """Total number of elements over all tensor leaves.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_count(t)
+      8
+    """
     return sum(int(x.numel()) for x in tree_leaves(tree))
 
 
 def tree_cast(tree: PyTree, dtype: torch.dtype) -> PyTree:
-    """Cast floating-point leaves to ``dtype``; integer and bool leaves are left alone."""
+    """Cast floating-point leaves to ``dtype``; integer and bool leaves are left alone.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> h = tree.tree_cast({"w": torch.ones(2), "n": torch.ones(2, dtype=torch.int64)}, torch.bfloat16)
+      >>> h["w"].dtype, h["n"].dtype
+      (torch.bfloat16, torch.int64)
+    """
     return tree_map(lambda x: x.to(dtype) if x.is_floating_point() else x, tree)
 
 
@@ -202,6 +346,13 @@ def tree_to(
     """Move every leaf to ``device`` (and cast floating leaves to ``dtype`` when given).
 
     With ``channels_last=True`` 4-D leaves (conv kernels) are laid out NHWC in memory.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> tree.tree_to(t, "cpu", dtype=torch.float64)["w"].dtype
+      torch.float64
     """
 
     def move(x: torch.Tensor) -> torch.Tensor:
@@ -217,6 +368,14 @@ def tree_static_like(tree: PyTree) -> PyTree:
     """Fresh buffers with each leaf's shape, dtype, device and memory layout, holding a copy of it.
 
     These are the static buffers a CUDA graph reads and writes; update them with :func:`tree_copy_`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> s = tree.tree_static_like(t)
+      >>> torch.equal(s["w"], t["w"]), s["w"].data_ptr() != t["w"].data_ptr()
+      (True, True)
     """
     return tree_clone(tree)
 
@@ -233,6 +392,14 @@ def tree_where(flag: torch.Tensor, new: PyTree, old: PyTree | float, *, fused: b
       fused: select the dense leaves of one dtype together (see :func:`flat_leafwise`): a few
         kernels instead of one per leaf, for some host time spent building flat views. The values
         are the same either way.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> new = tree.tree_scale(t, 2.0)
+      >>> tree.tree_where(torch.tensor(False), new, t)["w"][0]     # keep the old tree
+      tensor([1., 1., 1.])
     """
     n_leaves, treedef = tree_flatten(new)
     if isinstance(old, (int, float, bool)):
@@ -260,6 +427,12 @@ def flat_leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor], f
 
     Returns:
       list of tensors, one per position.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.tree import flat_leafwise
+      >>> flat_leafwise(torch.mul, [torch.ones(2), torch.ones(3)], [torch.full((2,), 2.0), torch.full((3,), 3.0)])
+      [tensor([2., 2.]), tensor([3., 3., 3.])]
     """
     first = lists[0]
     if not fused:
@@ -286,7 +459,16 @@ def tree_clone_flat(tree: PyTree, *, fused: bool = True) -> PyTree:
     """Like :func:`tree_clone` (detached copies, same shapes and strides); when ``fused`` (default)
     the contiguous and channels_last leaves of each dtype are copied by one concatenation and
     returned as views of it: a couple of kernels instead of one copy per leaf (e.g. the BN
-    statistics a training step updates)."""
+    statistics a training step updates).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> c = tree.tree_clone_flat(t)
+      >>> torch.equal(c["w"], t["w"]), c["w"].data_ptr() != t["w"].data_ptr()
+      (True, True)
+    """
     if not fused:
         return tree_clone(tree)
     leaves, treedef = tree_flatten(tree)
@@ -339,7 +521,18 @@ def _unflat_view(chunk: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def tree_clone(tree: PyTree) -> PyTree:
-    """Detached copies of every leaf (same layout)."""
+    """Detached copies of every leaf (same layout).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> c = tree.tree_clone(t)
+      >>> c["w"].add_(1); t["w"][0, 0].item()      # the original is untouched
+      tensor([[2., 2., 2.],
+              [2., 2., 2.]])
+      1.0
+    """
     return tree_map(lambda x: x.detach().clone(memory_format=torch.preserve_format), tree)
 
 
@@ -350,6 +543,15 @@ def tree_copy_(dst: PyTree, src: PyTree) -> PyTree:
 
     Raises:
       ValueError: the structures differ (message lists the differing paths).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> t = {"w": torch.ones(2, 3), "b": {"x": torch.zeros(2)}}
+      >>> dst = tree.tree_zeros_like(t)
+      >>> _ = tree.tree_copy_(dst, t)
+      >>> dst["w"].sum().item()
+      6.0
     """
     d_leaves, d_def = tree_flatten(dst)
     s_leaves, s_def = tree_flatten(src)
@@ -365,6 +567,14 @@ def foreach_copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     ``torch._foreach_copy_`` takes its fused path only when every tensor shares one dtype and
     device; a mixed list (float parameters with int64 counters, say) would fall back to one copy
     kernel per leaf.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.tree import foreach_copy_
+      >>> dst, src = [torch.zeros(2), torch.zeros(3)], [torch.ones(2), torch.full((3,), 2.0)]
+      >>> foreach_copy_(dst, src)
+      >>> dst[1]
+      tensor([2., 2., 2.])
     """
     groups: dict[tuple, list[int]] = {}
     for i, (d, s_) in enumerate(zip(dst, src)):
@@ -378,6 +588,13 @@ def tree_diff(a: PyTree, b: PyTree, *, names: tuple[str, str] = ("a", "b")) -> s
 
     Lines start with `` - `` (only in ``a``), `` + `` (only in ``b``) or `` ~ `` (shape differs).
     Empty string if paths and shapes agree.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import tree
+      >>> print(tree.tree_diff({"w": torch.ones(2), "b": torch.ones(1)}, {"w": torch.ones(3)}))
+       - b (only in a)
+       ~ w: a [2] != b [3]
     """
     fa = tree_flat_dict(a)
     fb = tree_flat_dict(b)

@@ -32,6 +32,13 @@ def make_anchors(
 
     Raises:
       ValueError: ``sizes`` and ``strides`` differ in length, or a size is not positive.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.assign import make_anchors
+      >>> a = make_anchors([(2, 2), (1, 1)], (8, 16))
+      >>> a.points.tolist(), a.strides.flatten().tolist()
+      ([[0.5, 0.5], [1.5, 0.5], [0.5, 1.5], [1.5, 1.5], [0.5, 0.5]], [8.0, 8.0, 8.0, 8.0, 16.0])
     """
     if len(sizes) != len(strides):
         raise ValueError(f"[yolo_func] make_anchors: {len(sizes)} sizes but {len(strides)} strides")
@@ -49,6 +56,14 @@ def make_anchors(
 
 def anchors_for_feats(feats: Sequence[torch.Tensor], strides: Sequence[int]) -> Anchors:
     """:func:`make_anchors` for a sequence of ``float[B, C, H_l, W_l]`` feature maps (their device
-    and dtype)."""
+    and dtype).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.assign import anchors_for_feats
+      >>> a = anchors_for_feats([torch.rand(1, 64, 8, 8), torch.rand(1, 128, 4, 4), torch.rand(1, 256, 2, 2)], (8, 16, 32))
+      >>> a.points.shape, a.points.dtype
+      (torch.Size([84, 2]), torch.float32)
+    """
     sizes = [(int(f.shape[-2]), int(f.shape[-1])) for f in feats]
     return make_anchors(sizes, strides, device=feats[0].device, dtype=feats[0].dtype)

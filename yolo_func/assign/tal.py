@@ -116,6 +116,20 @@ def assign(
 
     Raises:
       ValueError: shapes that do not line up.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Targets
+      >>> from yolo_func.assign import assign, make_anchors
+      >>> anchors = make_anchors([(4, 4)], (8,))                         # 16 anchors on a 32 x 32 image
+      >>> targets = Targets(torch.tensor([[[0.0, 0.0, 16.0, 16.0]]]), torch.tensor([[1]]), torch.tensor([[True]]))
+      >>> pred_boxes = torch.tensor([[0.0, 0.0, 16.0, 16.0]]).repeat(1, 16, 1)    # float[B, A, 4] pixels
+      >>> pred_scores = torch.full((1, 16, 3), 0.5)                      # float[B, A, K] probabilities
+      >>> a = assign(pred_scores, pred_boxes, anchors, targets, topk=4)
+      >>> int(a.fg_mask.sum()), a.fg_mask[0].nonzero().flatten().tolist()   # the 4 anchor centres inside the box
+      (4, [0, 1, 4, 5])
+      >>> a.target_scores[0, 0].argmax().item()
+      1
     """
     B, A, K = pred_scores.shape
     if pred_boxes.shape != (B, A, 4) or anchors.points.shape[0] != A:
@@ -176,6 +190,17 @@ def assign_from_detect(
 
     Returns:
       :class:`Assignment`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import DetectPreds, Targets
+      >>> from yolo_func.assign import assign_from_detect, make_anchors
+      >>> anchors = make_anchors([(4, 4)], (8,))
+      >>> preds = DetectPreds(torch.zeros(1, 16, 64), torch.zeros(1, 16, 3))      # raw head outputs
+      >>> targets = Targets(torch.tensor([[[0.0, 0.0, 16.0, 16.0]]]), torch.tensor([[1]]), torch.tensor([[True]]))
+      >>> a = assign_from_detect(preds, targets, anchors, topk=4)
+      >>> a.fg_mask.shape, a.target_scores.shape
+      (torch.Size([1, 16]), torch.Size([1, 16, 3]))
     """
     with torch.no_grad(), torch.autocast(preds.box_dist.device.type, enabled=False):
         dist = dfl_expectation(preds.box_dist.detach().float(), reg_max)

@@ -49,6 +49,20 @@ class CaptureCache:
 
     Raises:
       ValueError: ``max_keys`` is not an int >= 1.
+
+    Example:
+      >>> from yolo_func.capture import CaptureCache, CaptureCacheFull
+      >>> cache = CaptureCache(max_keys=1)
+      >>> class Fake:                                      # anything with a ``signature`` (a Captured on CUDA)
+      ...     signature = None
+      >>> a = cache.get_or_capture((16, 640), Fake)        # captured once ...
+      >>> cache.get_or_capture((16, 640), Fake) is a       # ... then reused
+      True
+      >>> try:
+      ...     cache.get_or_capture((16, 672), Fake)        # a second key past max_keys=1
+      ... except CaptureCacheFull as e:
+      ...     print(type(e).__name__)
+      CaptureCacheFull
     """
 
     def __init__(self, max_keys: int = 4):

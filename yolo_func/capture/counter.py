@@ -26,7 +26,13 @@ def num_captures() -> int:
     """How many captures (:func:`~yolo_func.capture.capture_vjp` and
     :func:`~yolo_func.capture.capture_step` calls that recorded their graphs) completed in this
     process. A capture that failed or was refused (e.g. :class:`~yolo_func.capture.CaptureUnavailable`)
-    does not count."""
+    does not count.
+
+    Example:
+      >>> from yolo_func.capture import num_captures
+      >>> isinstance(num_captures(), int)                  # testing.assert_max_captures reads it
+      True
+    """
     return _count
 
 
@@ -35,6 +41,12 @@ def count_capture() -> int:
 
     Capture functions call this once their graphs are recorded; a stand-in capture in a test may
     call it to simulate one.
+
+    Example:
+      >>> from yolo_func.capture import count_capture, num_captures
+      >>> before = num_captures()
+      >>> count_capture() == before + 1, num_captures() == before + 1    # what the capture functions call
+      (True, True)
     """
     global _count
     with _lock:

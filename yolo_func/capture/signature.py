@@ -103,6 +103,15 @@ def memory_format_of(t: torch.Tensor) -> str:
     4-D tensors that are both contiguous and channels_last (size-1 channel or spatial dims, e.g. a
     1x1 conv kernel) are told apart by their strides the way they were laid out: channels_last
     when the channel stride is below the width stride.
+
+    Example:
+      Args: ``t`` a tensor of any shape and dtype.
+
+      >>> import torch
+      >>> from yolo_func.capture import memory_format_of
+      >>> x = torch.ones(1, 3, 4, 4)
+      >>> memory_format_of(x), memory_format_of(x.to(memory_format=torch.channels_last)), memory_format_of(x[..., ::2])
+      ('contiguous', 'channels_last', 'strided')
     """
     contiguous = t.is_contiguous()
     if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
@@ -125,6 +134,12 @@ class TensorSpec(NamedTuple):
       dtype: the element type.
       device: ``str(tensor.device)``, e.g. ``"cuda:0"``.
       memory_format: see :func:`memory_format_of`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.capture import signature_of
+      >>> dict(signature_of({"w": torch.ones(2)}, {}, torch.ones(3)).entries)["x"]    # a TensorSpec
+      TensorSpec(shape=(3,), dtype=torch.float32, device='cpu', memory_format='contiguous')
     """
 
     shape: tuple[int, ...]
@@ -156,6 +171,13 @@ class CaptureSignature(NamedTuple):
       treedefs: ``((group, treedef), ...)``.
       entries: ``((path, TensorSpec), ...)``, paths ``"params/..."``, ``"state/..."``, ``"x"``.
       autocast_dtype: ``None``, ``torch.bfloat16`` or ``torch.float16``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.capture import signature_of
+      >>> captured = signature_of({"w": torch.ones(2)}, {}, torch.ones(3))
+      >>> signature_of({"w": torch.ones(2)}, {}, torch.ones(4)).differences(captured)   # what a CaptureMismatch lists
+      ['x: (4,) != captured (3,)']
     """
 
     treedefs: tuple[tuple[str, Any], ...]
@@ -245,6 +267,14 @@ def signature_of(params: PyTree, state: PyTree, x: PyTree, *, autocast_dtype: to
 
     Raises:
       TypeError: a leaf is not a tensor.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.capture import signature_of
+      >>> print(signature_of({"w": torch.ones(2)}, {}, torch.ones(3)).describe())
+      signature (autocast None, 2 tensors):
+        params/w: (2,) float32 cpu contiguous
+        x: (3,) float32 cpu contiguous
     """
     check_autocast(autocast_dtype)
     return signature_of_groups({"params": params, "state": state, "x": x}, autocast_dtype)

@@ -122,6 +122,11 @@ class StaticBuffers(NamedTuple):
       new_state: ``fn``'s new state (``state`` itself when ``forward_context`` updates it in place).
       cotangents: output cotangents (same tree, shapes, dtypes and layouts as ``outputs``).
       grads: parameter gradients (same tree as ``params``; overwritten by every backward replay).
+
+    Example:
+      >>> from yolo_func.capture import StaticBuffers
+      >>> StaticBuffers._fields                            # Captured.static: the graphs' tensors, updated in place
+      ('params', 'state', 'x', 'outputs', 'new_state', 'cotangents', 'grads')
     """
 
     params: PyTree
@@ -141,6 +146,11 @@ class CaptureStats:
       capture_index: the process-wide number of this capture (see :func:`yolo_func.capture.num_captures`).
       forward_replays, backward_replays: replays so far.
       leaves_copied: input leaves copied by the last ``forward`` (0 when the static trees were passed).
+
+    Example:
+      >>> from yolo_func.capture import CaptureStats
+      >>> CaptureStats(capture_index=1)                    # Captured.stats, counted by the replays
+      CaptureStats(capture_index=1, forward_replays=0, backward_replays=0, leaves_copied=0)
     """
 
     capture_index: int
@@ -165,6 +175,11 @@ class Captured(NamedTuple):
       static: the :class:`StaticBuffers`.
       stats: :class:`CaptureStats`.
       pool: the graphs' memory pool handle (pass it to another capture to share the pool).
+
+    Example:
+      >>> from yolo_func.capture import Captured
+      >>> Captured._fields                                 # what capture_vjp returns (CUDA)
+      ('forward', 'backward', 'signature', 'static', 'stats', 'pool')
     """
 
     forward: Callable[[PyTree, PyTree, PyTree], tuple[PyTree, PyTree]]
@@ -305,6 +320,18 @@ def capture_vjp(
       CaptureUnavailable: an input is not on a CUDA device, CUDA is unavailable, or a capture is
         already underway.
       TypeError, ValueError: bad arguments (non-tensor leaves, mixed devices, CPU generators, ...).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.capture import CaptureUnavailable, capture_vjp
+      >>> def fn(params, state, x):                         # (outputs, new_state); here y = sum(w * x)
+      ...     return (params["w"] * x).sum(), state
+      >>> # on CUDA: cap = capture_vjp(fn, params, state, x); y, s = cap.forward(params, state, x); g = cap.backward(dy)
+      >>> try:                                              # CPU tensors cannot be captured; the reason is given
+      ...     capture_vjp(fn, {"w": torch.ones(2)}, {}, torch.ones(2))
+      ... except CaptureUnavailable as e:
+      ...     print(e.reason)
+      inputs are on cpu, not a CUDA device (first: params/w)
     """
     generators = _check_args(fn, warmup, autocast_dtype, generators)
     if forward_context is not None and not callable(forward_context):

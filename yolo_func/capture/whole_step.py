@@ -39,7 +39,13 @@ PyTree = Any
 
 class StepBuffers(NamedTuple):
     """The static tensors of a captured step: ``carry`` (read and written), ``inputs`` (read),
-    ``aux`` (written)."""
+    ``aux`` (written).
+
+    Example:
+      >>> from yolo_func.capture import StepBuffers
+      >>> StepBuffers._fields                              # CapturedStep.static
+      ('carry', 'inputs', 'aux')
+    """
 
     carry: PyTree
     inputs: PyTree
@@ -48,7 +54,13 @@ class StepBuffers(NamedTuple):
 
 @dataclasses.dataclass
 class StepStats:
-    """Counters: replays so far and input leaves copied by the last call."""
+    """Counters: replays so far and input leaves copied by the last call.
+
+    Example:
+      >>> from yolo_func.capture import StepStats
+      >>> StepStats()                                      # CapturedStep.stats
+      StepStats(replays=0, leaves_copied=0)
+    """
 
     replays: int = 0
     leaves_copied: int = 0
@@ -65,6 +77,11 @@ class CapturedStep(NamedTuple):
       static: :class:`StepBuffers`.
       stats: :class:`StepStats`.
       pool: the graph's memory pool handle.
+
+    Example:
+      >>> from yolo_func.capture import CapturedStep
+      >>> CapturedStep._fields                             # what capture_step returns (CUDA)
+      ('step', 'signature', 'static', 'stats', 'pool')
     """
 
     step: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]
@@ -115,6 +132,18 @@ def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: P
     Raises:
       CaptureUnavailable: a tensor is not on a CUDA device, or CUDA is unavailable.
       ValueError: ``new_carry`` does not match ``carry``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.capture import CaptureUnavailable, capture_step
+      >>> def step(carry, inputs):                          # (new_carry, aux)
+      ...     return {"w": carry["w"] - 0.1 * inputs}, {"norm": carry["w"].norm()}
+      >>> # on CUDA: cs = capture_step(step, carry, inputs, donate_carry=True); aux = cs.step(carry, inputs)
+      >>> try:
+      ...     capture_step(step, {"w": torch.ones(2)}, torch.ones(2))
+      ... except CaptureUnavailable as e:
+      ...     print(e.reason)
+      inputs are on cpu, not a CUDA device (first: carry/w)
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"[yolo_func] capture_step: warmup must be an int >= 1, got {warmup!r}")

@@ -188,6 +188,12 @@ class FieldInfo:
       default: the default of a plain :class:`Config`.
       help: one line of documentation.
       meta: bounds (``ge``, ``gt``, ``le``, ``lt``, ``multiple_of``, ``pattern``).
+
+    Example:
+      >>> from yolo_func.configs import field_info
+      >>> f = next(f for f in field_info() if f.key == "data.image_size")   # a FieldInfo
+      >>> f.default, {k: v for k, v in f.meta.items() if v is not None}
+      (640, {'gt': 0, 'multiple_of': 32})
     """
 
     key: str
@@ -243,7 +249,14 @@ def field_info(cls: type | None = None) -> tuple[FieldInfo, ...]:
 
 
 def config_keys(cls: type | None = None) -> list[str]:
-    """All dotted leaf keys (``["model.scale", ..., "train.plots"]``)."""
+    """All dotted leaf keys (``["model.scale", ..., "train.plots"]``).
+
+    Example:
+      >>> from yolo_func.configs import config_keys
+      >>> keys = config_keys()
+      >>> keys[:3], "data.augment.mosaic" in keys
+      (['model.scale', 'model.task', 'model.num_classes'], True)
+    """
     return [f.key for f in field_info(cls)]
 
 
@@ -252,7 +265,13 @@ def config_keys(cls: type | None = None) -> list[str]:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The network and its heads (``yolov8(scale, task=..., num_classes=..., kpt_shape=...)``)."""
+    """The network and its heads (``yolov8(scale, task=..., num_classes=..., kpt_shape=...)``).
+
+    Example:
+      >>> from yolo_func.configs import ModelConfig
+      >>> ModelConfig(scale="s", task="pose").kpt_shape
+      (17, 3)
+    """
 
     _prefix = "model."
     scale: Literal["n", "s", "m", "l", "x"] = _opt("n", "network scale: yolov8n / s / m / l / x")
@@ -270,7 +289,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class AugmentConfig:
-    """Training augmentation (REFERENCE.md §4.6); validation images are only letterboxed."""
+    """Training augmentation (REFERENCE.md §4.6); validation images are only letterboxed.
+
+    Example:
+      >>> from yolo_func.configs import AugmentConfig
+      >>> a = AugmentConfig(mosaic=0.0)
+      >>> a.mosaic, a.fliplr, a.close_mosaic
+      (0.0, 0.5, 10)
+    """
 
     _prefix = "data.augment."
     mosaic: float = _opt(1.0, "probability of a 2x2 mosaic", ge=0.0, le=1.0)
@@ -292,7 +318,14 @@ class AugmentConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the images come from and how batches are formed."""
+    """Where the images come from and how batches are formed.
+
+    Example:
+      >>> from yolo_func.configs import DataConfig
+      >>> d = DataConfig(image_size=320, batch_size=8)
+      >>> d.path, d.image_size, d.augment.mosaic
+      ('builtin', 320, 1.0)
+    """
 
     _prefix = "data."
     path: str = _opt("builtin", "'builtin' (the packaged data), a COCO folder, a COCO JSON (with data.images) or a YOLO data.yaml")
@@ -311,7 +344,14 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """The reference's SGD recipe (:func:`yolo_func.train.yolo_sgd`) and the model EMA."""
+    """The reference's SGD recipe (:func:`yolo_func.train.yolo_sgd`) and the model EMA.
+
+    Example:
+      >>> from yolo_func.configs import OptimConfig
+      >>> o = OptimConfig(lr0=0.02)
+      >>> o.lr0, o.momentum, o.nbs
+      (0.02, 0.937, 64)
+    """
 
     _prefix = "optim."
     optimizer: Literal["SGD"] = _opt("SGD", "the optimizer (Nesterov SGD with the reference's three parameter groups)")
@@ -334,7 +374,13 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Loss gains (``yolo_func.losses.LossGains``; the segmentation term uses the box gain)."""
+    """Loss gains (``yolo_func.losses.LossGains``; the segmentation term uses the box gain).
+
+    Example:
+      >>> from yolo_func.configs import LossConfig
+      >>> LossConfig()
+      LossConfig(box=7.5, cls=0.5, dfl=1.5, pose=12.0, kobj=1.0)
+    """
 
     _prefix = "loss."
     box: float = _opt(7.5, "box (CIoU) gain; also the segmentation gain", ge=0.0)
@@ -349,7 +395,14 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class ValConfig:
-    """Validation during training (REFERENCE.md §3.1), on the EMA weights."""
+    """Validation during training (REFERENCE.md §3.1), on the EMA weights.
+
+    Example:
+      >>> from yolo_func.configs import ValConfig
+      >>> v = ValConfig()
+      >>> v.conf, v.iou, v.max_det, v.coco
+      (0.001, 0.7, 300, 'auto')
+    """
 
     _prefix = "val."
     conf: float = _opt(0.001, "confidence threshold before NMS", ge=0.0, lt=1.0)
@@ -366,7 +419,14 @@ class ValConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The loop: length, device, replay, precision, stopping, the run folder."""
+    """The loop: length, device, replay, precision, stopping, the run folder.
+
+    Example:
+      >>> from yolo_func.configs import TrainConfig
+      >>> t = TrainConfig(epochs=5, device="cpu")
+      >>> t.epochs, t.capture, t.name
+      (5, 'auto', 'exp')
+    """
 
     _prefix = "train."
     epochs: int = _opt(100, "epochs over the training split", ge=1)
@@ -400,6 +460,15 @@ class Config:
       loss: :class:`LossConfig`.
       val: :class:`ValConfig`.
       train: :class:`TrainConfig`.
+
+    Example:
+      >>> from yolo_func.configs import Config
+      >>> cfg = Config()                                   # the reference's default.yaml
+      >>> cfg.data.image_size, cfg.optim.lr0, cfg.train.epochs
+      (640, 0.01, 100)
+      >>> import dataclasses                              # frozen dataclasses: change with replace
+      >>> dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=3)).train.epochs
+      3
     """
 
     _prefix = ""
@@ -418,7 +487,13 @@ class Config:
 
 
 def recipe_name(scale: str, task: str) -> str:
-    """The reference's model name for a scale and task: ``recipe_name("s", "segment") == "yolov8s-seg"``."""
+    """The reference's model name for a scale and task: ``recipe_name("s", "segment") == "yolov8s-seg"``.
+
+    Example:
+      >>> from yolo_func.configs import recipe_name
+      >>> recipe_name("s", "segment"), recipe_name("n", "detect"), recipe_name("x", "pose")
+      ('yolov8s-seg', 'yolov8n', 'yolov8x-pose')
+    """
     if scale not in SCALES or task not in TASKS:
         raise ValueError(f"[yolo_func] no recipe for scale {scale!r} and task {task!r}; expected a scale in {SCALES} and a task in {TASKS}")
     return f"yolov8{scale}{TASK_SUFFIX[task]}"
@@ -437,6 +512,12 @@ def recipe(scale: str, task: str) -> Config:
 
     Raises:
       ValueError: an unknown scale or task.
+
+    Example:
+      >>> from yolo_func.configs import recipe
+      >>> cfg = recipe("m", "pose")
+      >>> cfg.model.scale, cfg.model.task, cfg.data.image_size
+      ('m', 'pose', 640)
     """
     recipe_name(scale, task)  # validates
     return Config(model=ModelConfig(scale=scale, task=task))

@@ -54,6 +54,11 @@ def did_you_mean(key: str, keys: Iterable[str] | None = None) -> str:
     Compares whole keys first, then the last component alone against every key's last component
     (``lr0`` -> ``optim.lr0``; ``mosiac`` -> ``data.augment.mosaic``). Equally close keys are
     ranked by declaration order.
+
+    Example:
+      >>> from yolo_func.configs import did_you_mean
+      >>> did_you_mean("optim.lrr"), did_you_mean("zzz")
+      ("; did you mean 'optim.lr0'?", '')
     """
     keys = list(config_keys() if keys is None else keys)
     close = _closest(key, keys)
@@ -90,6 +95,14 @@ def parse_value(key: str, tp: Any, text: str) -> Any:
 
     Raises:
       ValueError: the text does not parse as the type (names the key, the type and the text).
+
+    Example:
+      >>> from typing import Optional
+      >>> from yolo_func.configs import parse_value
+      >>> parse_value("data.image_size", int, "320"), parse_value("x", Optional[int], "none"), parse_value("y", bool, "yes")
+      (320, None, True)
+      >>> parse_value("model.kpt_shape", tuple[int, int], "[17, 3]")
+      (17, 3)
     """
     raw = text
     text = text.strip()
@@ -138,7 +151,13 @@ def parse_value(key: str, tp: Any, text: str) -> Any:
 
 def format_value(value: Any) -> str:
     """The override text that :func:`parse_value` reads back as ``value`` (``none``, ``true``,
-    ``17,3``, ``0.02``, a string as is)."""
+    ``17,3``, ``0.02``, a string as is).
+
+    Example:
+      >>> from yolo_func.configs import format_value
+      >>> format_value((17, 3)), format_value(None), format_value(True), format_value(0.02)
+      ('17,3', 'none', 'true', '0.02')
+    """
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -200,6 +219,12 @@ def apply_overrides(config: Config, overrides: Iterable[str] | Mapping[str, Any]
       ValueError: an unknown key (with "did you mean"), a section given as a key, a value that does
         not parse as the field's type, or a value out of bounds.
       TypeError: a non-string value of the wrong type in a mapping.
+
+    Example:
+      >>> from yolo_func.configs import apply_overrides, get_recipe
+      >>> cfg = apply_overrides(get_recipe("yolov8n"), ["optim.lr0=0.02", "data.image_size=320", "model.kpt_shape=5,3"])
+      >>> cfg.optim.lr0, cfg.data.image_size, cfg.model.kpt_shape
+      (0.02, 320, (5, 3))
     """
     if not isinstance(config, Config):
         raise TypeError(f"[yolo_func] apply_overrides expects a Config; got {type(config).__name__}")
@@ -223,6 +248,12 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
     Args:
       config: a :class:`Config` or one of its sections.
+
+    Example:
+      >>> from yolo_func.configs import config_to_dict, get_recipe
+      >>> d = config_to_dict(get_recipe("yolov8n-pose"))
+      >>> sorted(d), d["model"]["kpt_shape"]                 # tuples become lists
+      (['data', 'loss', 'model', 'optim', 'train', 'val'], [17, 3])
     """
     if not dataclasses.is_dataclass(config):
         raise TypeError(f"[yolo_func] config_to_dict expects a Config; got {type(config).__name__}")
@@ -250,6 +281,12 @@ def config_from_dict(data: Mapping[str, Any], *, source: str = "a config dict") 
     Raises:
       ValueError: an unknown key (names ``source`` and the key, with "did you mean") or a bad value.
       TypeError: a section that is not a dict, or a value of the wrong type.
+
+    Example:
+      >>> from yolo_func.configs import config_from_dict, config_to_dict, get_recipe
+      >>> cfg = get_recipe("yolov8n-pose")
+      >>> config_from_dict(config_to_dict(cfg)) == cfg
+      True
     """
     def build(cls: type, d: Any, prefix: str) -> Any:
         if not isinstance(d, Mapping):
@@ -271,7 +308,14 @@ def config_from_dict(data: Mapping[str, Any], *, source: str = "a config dict") 
 
 
 def config_to_json(config: Config) -> str:
-    """``config_to_dict`` as indented JSON text (what a run folder's ``config.json`` holds)."""
+    """``config_to_dict`` as indented JSON text (what a run folder's ``config.json`` holds).
+
+    Example:
+      >>> import json
+      >>> from yolo_func.configs import config_to_json, get_recipe
+      >>> json.loads(config_to_json(get_recipe("yolov8n")))["model"]["scale"]
+      'n'
+    """
     return json.dumps(config_to_dict(config), indent=2) + "\n"
 
 
@@ -280,6 +324,12 @@ def config_from_json(text: str, *, source: str = "a JSON config") -> Config:
 
     Raises:
       ValueError: not JSON, or an unknown key / bad value (names ``source``).
+
+    Example:
+      >>> from yolo_func.configs import config_from_json, config_to_json, get_recipe
+      >>> cfg = get_recipe("yolov8m")
+      >>> config_from_json(config_to_json(cfg)) == cfg
+      True
     """
     try:
         data = json.loads(text)
@@ -289,7 +339,13 @@ def config_from_json(text: str, *, source: str = "a JSON config") -> Config:
 
 
 def config_diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
-    """``{dotted key: (value in a, value in b)}`` for every option that differs."""
+    """``{dotted key: (value in a, value in b)}`` for every option that differs.
+
+    Example:
+      >>> from yolo_func.configs import config_diff, get_recipe
+      >>> config_diff(get_recipe("yolov8n"), get_recipe("yolov8s-seg"))
+      {'model.scale': ('n', 's'), 'model.task': ('detect', 'segment')}
+    """
     out = {}
     for info in field_info():
         va, vb = _get(a, info.key), _get(b, info.key)

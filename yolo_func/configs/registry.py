@@ -48,6 +48,12 @@ def get_recipe(name: str) -> Config:
 
     Raises:
       ValueError: an unknown name, with the closest names.
+
+    Example:
+      >>> from yolo_func.configs import get_recipe
+      >>> cfg = get_recipe("yolov8s-seg.yaml")             # a trailing .yaml is accepted
+      >>> cfg.model.scale, cfg.model.task
+      ('s', 'segment')
     """
     if not isinstance(name, str):
         raise TypeError(f"[yolo_func] get_recipe expects a recipe name (str); got {type(name).__name__}")
@@ -63,7 +69,14 @@ def get_recipe(name: str) -> Config:
 
 def default_config(device: str | None = None) -> Config:
     """The built-in default: ``builtin-gpu`` when ``device`` is CUDA (or ``"auto"``/None and CUDA is
-    available), else ``builtin-cpu``; a given device is written into ``train.device``."""
+    available), else ``builtin-cpu``; a given device is written into ``train.device``.
+
+    Example:
+      >>> from yolo_func.configs import default_config
+      >>> cfg = default_config("cpu")                      # the builtin-cpu recipe
+      >>> cfg.data.image_size, cfg.train.device, cfg.train.capture
+      (320, 'cpu', 'none')
+    """
     if device in (None, "auto"):
         import torch
 
@@ -82,6 +95,15 @@ def load_config_file(path: str | os.PathLike) -> Config:
       FileNotFoundError: ``path`` does not exist (named).
       ValueError: the file is neither (named, with what was expected), or ``get_config()`` did not
         return a :class:`Config`.
+
+    Example:
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> from yolo_func.configs import config_to_json, get_recipe, load_config_file
+      >>> path = Path(tempfile.mkdtemp()) / "config.json"
+      >>> _ = path.write_text(config_to_json(get_recipe("yolov8n-seg")))
+      >>> load_config_file(path).model.task
+      'segment'
     """
     p = Path(path)
     if not p.is_file():
@@ -124,6 +146,12 @@ def build_config(model: str | None = None, *, flags: Mapping[str, str | int | No
 
     Raises:
       ValueError: an unknown recipe, flag or key, or a bad value.
+
+    Example:
+      >>> from yolo_func.configs import build_config
+      >>> cfg = build_config("yolov8s-seg", flags={"epochs": 3, "imgsz": 320}, overrides=["optim.lr0=0.02"])
+      >>> cfg.model.scale, cfg.model.task, cfg.train.epochs, cfg.data.image_size, cfg.optim.lr0
+      ('s', 'segment', 3, 320, 0.02)
     """
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     unknown = [k for k in flags if k not in FLAGS]

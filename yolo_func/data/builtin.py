@@ -89,6 +89,12 @@ def builtin_dataset(task: str, split: str, *, root: str | os.PathLike | None = N
 
     Raises:
       ValueError: unknown task or split, a negative or non-integer seed, or ``num_images`` < 1.
+
+    Example:
+      >>> from yolo_func.data import builtin_dataset
+      >>> ds = builtin_dataset("detect", "val", num_images=2)     # generated into ~/.cache/yolo_func once
+      >>> len(ds), ds.names
+      (2, ['ellipse', 'rectangle', 'triangle', 'star', 'ring'])
     """
     check_task(task)
     if split not in _SPLIT_STREAM:

@@ -197,6 +197,14 @@ class CocoDataset:
 
     Raises:
       ValueError: structural problems (see the module docstring), naming the file.
+
+    Example:
+      >>> from yolo_func.data import builtin_dataset
+      >>> from yolo_func.data import CocoDataset
+      >>> val = builtin_dataset("pose", "val", num_images=2)
+      >>> ds = CocoDataset(val.annotations_path, val.image_dir, task="pose")   # any COCO JSON and its images
+      >>> ds.kpt_shape, ds[0].keypoints.shape[1:], ds.names
+      ((17, 3), (17, 3), ['figure'])
     """
 
     def __init__(self, annotations: str | os.PathLike, images: str | os.PathLike, *, task: str,

@@ -267,6 +267,14 @@ class TrainLoader:
     Attributes:
       epoch: the epoch the next iteration yields.
       skipped: dict index -> message of every unreadable sample seen so far.
+
+    Example:
+      >>> from yolo_func.data import builtin_dataset
+      >>> from yolo_func.data import TrainLoader
+      >>> loader = TrainLoader(builtin_dataset("detect", "train", num_images=4), batch_size=2, image_size=64, workers=0)
+      >>> batch = next(iter(loader))                       # a Batch with static shapes
+      >>> batch.images.dtype, tuple(batch.images.shape), batch.targets.boxes.shape[-1], len(loader)
+      (torch.uint8, (2, 3, 64, 64), 4, 2)
     """
 
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 8,
@@ -387,6 +395,13 @@ class ValBatch(NamedTuple):
       orig_shapes: int64[B, 2] original (h, w).
       gains: float32[B, 2] (gx, gy): letterboxed = original * gain + pad.
       pads: float32[B, 2] (left, top).
+
+    Example:
+      >>> from yolo_func.data import builtin_dataset
+      >>> from yolo_func.data import ValLoader
+      >>> b = next(iter(ValLoader(builtin_dataset("detect", "val", num_images=2), batch_size=2, image_size=64, workers=0)))
+      >>> b._fields
+      ('images', 'targets', 'image_ids', 'file_names', 'orig_shapes', 'gains', 'pads')
     """
 
     images: torch.Tensor
@@ -530,6 +545,14 @@ class ValLoader:
 
     Bad samples: an image whose reading raises is left out of its batch (not replaced: a copy would
     be evaluated twice), counted in ``skipped`` and warned about once with the dataset's message.
+
+    Example:
+      >>> from yolo_func.data import builtin_dataset
+      >>> from yolo_func.data import ValLoader
+      >>> loader = ValLoader(builtin_dataset("detect", "val", num_images=2), batch_size=2, image_size=64, workers=0)
+      >>> b = next(iter(loader))                           # a ValBatch: rect shape, multiples of 32 (ceil(r * 64 / 32 + 0.5) * 32)
+      >>> b.images.dtype, max(b.images.shape[-2:]), b.orig_shapes.shape
+      (torch.uint8, 96, torch.Size([2, 2]))
     """
 
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 4,

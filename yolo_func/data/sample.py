@@ -25,6 +25,12 @@ class Sample(NamedTuple):
       keypoints: float32[N, P, 3] (x, y in pixels, visibility 0/1/2), or None.
       image_id: the dataset's image id (COCO ``image_id``; the index for YOLO-format data).
       file_name: the image's path relative to the dataset's image folder.
+
+    Example:
+      >>> from yolo_func.data import builtin_dataset
+      >>> s = builtin_dataset("segment", "val", num_images=2)[0]    # a Sample
+      >>> s.image.dtype, s.image.ndim, s.boxes.dtype, s.classes.dtype, s.masks.dtype, s.keypoints is None
+      (dtype('uint8'), 3, dtype('float32'), dtype('int64'), dtype('uint8'), True)
     """
 
     image: np.ndarray

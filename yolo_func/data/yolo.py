@@ -108,6 +108,16 @@ class YoloDataset:
 
     Raises:
       ValueError: structural problems (see the module docstring), naming the file.
+
+    Example:
+      >>> from yolo_func.data import builtin_dataset
+      >>> import tempfile
+      >>> from yolo_func.data import YoloDataset
+      >>> from yolo_func.data.yolo import write_yolo_dataset
+      >>> yaml = write_yolo_dataset(builtin_dataset("detect", "val", num_images=2), tempfile.mkdtemp())
+      >>> ds = YoloDataset(yaml, "val", task="detect")
+      >>> len(ds), ds[0].boxes.shape[1]
+      (2, 4)
     """
 
     def __init__(self, data_yaml: str | os.PathLike, split: str, *, task: str, workers: int = 8):

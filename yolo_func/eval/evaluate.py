@@ -449,6 +449,18 @@ def evaluate(
     Raises:
       ValueError: a task or class-count mismatch, a bad ``class_map`` or device, or a val batch with no
         readable image.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.data import builtin_dataset
+      >>> from yolo_func.eval import evaluate
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> m = evaluate(model, params, state, builtin_dataset("detect", "val", num_images=2), image_size=64, batch_size=2,
+      ...              device="cpu", workers=0, progress=False, verbose=False)
+      >>> sorted(m), sorted(m["internal"]["box"])
+      (['bbox', 'internal'], ['P', 'R', 'mAP50', 'mAP50-95'])
     """
     return evaluate_with_records(
         model, params, state, dataset, image_size=image_size, batch_size=batch_size, device=device, conf=conf,

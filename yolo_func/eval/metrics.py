@@ -314,5 +314,10 @@ def fitness(metrics: dict) -> float:
 
     Returns:
       A float.
+
+    Example:
+      >>> from yolo_func.eval import fitness
+      >>> fitness({"box": {"mAP50-95": 0.4}}), fitness({"box": {"mAP50-95": 0.4}, "mask": {"mAP50-95": 0.3}})
+      (0.4, 0.7)
     """
     return float(sum(metrics[k]["mAP50-95"] for k in ("box", "mask", "pose") if k in metrics))

@@ -47,6 +47,13 @@ class Detections(NamedTuple):
       classes: int64[N] class index (0-based, the model's order).
       masks: bool[N, h, w] for segmentation models, else None (h, w depend on the mask method).
       keypoints: float[N, P, D] (x, y[, confidence]) pixels for pose models, else None.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.eval import Detections
+      >>> d = Detections(boxes=torch.tensor([[0.0, 0.0, 10.0, 10.0]]), scores=torch.tensor([0.9]), classes=torch.tensor([2]))
+      >>> d.boxes.shape, d.masks is None, d.keypoints is None
+      (torch.Size([1, 4]), True, True)
     """
 
     boxes: torch.Tensor
@@ -68,6 +75,18 @@ class PaddedDetections(NamedTuple):
       masks: bool[B, D, Hp, Wp] at prototype resolution (the ``"val"`` method) or None.
       keypoints: float[B, D, P, Dk] or None.
       converged: bool[B]; True where the NMS was provably exact (see :mod:`yolo_func.eval.nms`).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Inference
+      >>> y = torch.zeros(1, 4 + 2, 3)                    # float[B, 4 + K, A]: three candidate boxes, K = 2
+      >>> y[0, :4] = torch.tensor([[10.0, 11.0, 40.0], [10.0, 10.0, 40.0], [8.0, 8.0, 8.0], [8.0, 8.0, 8.0]])
+      >>> y[0, 4] = torch.tensor([0.9, 0.8, 0.7])          # class 0 scores; boxes 0 and 1 overlap
+      >>> inf = Inference(y)
+      >>> from yolo_func.eval import postprocess_static
+      >>> p = postprocess_static(inf, conf=0.25, iou=0.5, max_det=4)
+      >>> p.scores.shape, p.classes.dtype, p.masks is None
+      (torch.Size([1, 4]), torch.int64, True)
     """
 
     boxes: torch.Tensor
@@ -92,6 +111,12 @@ class Letterbox(NamedTuple):
       gain: input pixels per original pixel, one number or (gain_y, gain_x) (the reference's
         ``ratio_pad[0]``).
       pad: (left, top) padding in input pixels (the reference's ``ratio_pad[1]``).
+
+    Example:
+      >>> from yolo_func.eval import Letterbox
+      >>> lb = Letterbox(orig_shape=(480, 640), gain=0.1, pad=(0.0, 8.0))   # 640x480 -> 64x48, padded to 64x64
+      >>> lb.orig_shape, lb.gain, lb.pad
+      ((480, 640), 0.1, (0.0, 8.0))
     """
 
     orig_shape: tuple[int, int]
@@ -268,6 +293,18 @@ def postprocess(
       TypeError: ``inference`` is not an :class:`~yolo_func.Inference`.
       ValueError: bad thresholds, a channel layout that does not split, a letterbox list of the
         wrong length, or ``"native"`` masks without a letterbox.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Inference
+      >>> y = torch.zeros(1, 4 + 2, 3)                    # float[B, 4 + K, A]: three candidate boxes, K = 2
+      >>> y[0, :4] = torch.tensor([[10.0, 11.0, 40.0], [10.0, 10.0, 40.0], [8.0, 8.0, 8.0], [8.0, 8.0, 8.0]])
+      >>> y[0, 4] = torch.tensor([0.9, 0.8, 0.7])          # class 0 scores; boxes 0 and 1 overlap
+      >>> inf = Inference(y)
+      >>> from yolo_func.eval import postprocess
+      >>> d = postprocess(inf, conf=0.25, iou=0.5)[0]      # NMS drops box 1 (IoU with box 0 > 0.5)
+      >>> d.boxes.tolist(), d.scores.tolist(), d.classes.tolist()
+      ([[6.0, 6.0, 14.0, 14.0], [36.0, 36.0, 44.0, 44.0]], [0.8999999761581421, 0.699999988079071], [0, 0])
     """
     _check_args(conf, iou, max_det, max_candidates, mask_method)
     K, kpts = _layout(inference, num_classes, kpt_shape)
@@ -348,6 +385,18 @@ def postprocess_static(
 
     Raises:
       TypeError, ValueError: as :func:`postprocess`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Inference
+      >>> y = torch.zeros(1, 4 + 2, 3)                    # float[B, 4 + K, A]: three candidate boxes, K = 2
+      >>> y[0, :4] = torch.tensor([[10.0, 11.0, 40.0], [10.0, 10.0, 40.0], [8.0, 8.0, 8.0], [8.0, 8.0, 8.0]])
+      >>> y[0, 4] = torch.tensor([0.9, 0.8, 0.7])          # class 0 scores; boxes 0 and 1 overlap
+      >>> inf = Inference(y)
+      >>> from yolo_func.eval import postprocess_static
+      >>> p = postprocess_static(inf, conf=0.25, iou=0.5, max_det=4)   # PaddedDetections, fixed shapes
+      >>> tuple(p.boxes.shape), p.valid.tolist(), p.count.tolist(), p.converged.tolist()
+      ((1, 4, 4), [[True, True, False, False]], [2], [True])
     """
     _check_args(conf, iou, max_det, max_candidates)
     if not isinstance(iters, int) or iters < 1:
@@ -374,6 +423,18 @@ def unpad(padded: PaddedDetections) -> list[Detections]:
 
     Returns:
       B :class:`Detections` (views into the padded tensors).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Inference
+      >>> y = torch.zeros(1, 4 + 2, 3)                    # float[B, 4 + K, A]: three candidate boxes, K = 2
+      >>> y[0, :4] = torch.tensor([[10.0, 11.0, 40.0], [10.0, 10.0, 40.0], [8.0, 8.0, 8.0], [8.0, 8.0, 8.0]])
+      >>> y[0, 4] = torch.tensor([0.9, 0.8, 0.7])          # class 0 scores; boxes 0 and 1 overlap
+      >>> inf = Inference(y)
+      >>> from yolo_func.eval import postprocess_static, unpad
+      >>> dets = unpad(postprocess_static(inf, conf=0.25, iou=0.5, max_det=4))
+      >>> len(dets), dets[0].boxes.shape
+      (1, torch.Size([2, 4]))
     """
     out = []
     for b, n in enumerate(padded.count.tolist()):
@@ -416,6 +477,13 @@ def scale_to_original(
 
     Raises:
       ValueError: a non-positive gain or a malformed shape / pad.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.eval import Detections, scale_to_original
+      >>> d = Detections(torch.tensor([[0.0, 8.0, 32.0, 40.0]]), torch.tensor([0.9]), torch.tensor([0]))
+      >>> scale_to_original(d, orig_shape=(480, 640), gain=0.1, pad=(0.0, 8.0)).boxes   # (xy - pad) / gain
+      tensor([[  0.,   0., 320., 320.]])
     """
     if not isinstance(detections, Detections):
         raise TypeError(f"[yolo_func] scale_to_original: detections must be Detections, got {type(detections).__name__}")

@@ -38,6 +38,17 @@ class Prediction(NamedTuple):
         the file could not be read.
       image: the decoded RGB uint8[h0, w0, 3] image, or None.
       error: why the file was skipped (a message naming it), or None.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.data import builtin_dataset
+      >>> from yolo_func.eval import predict
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> p = predict(model, params, state, builtin_dataset("detect", "val", num_images=2).image_path(0), image_size=64, device="cpu")[0]
+      >>> p._fields, p.error is None, p.image.dtype
+      (('path', 'detections', 'image', 'error'), True, dtype('uint8'))
     """
 
     path: Path
@@ -161,6 +172,18 @@ def predict(
 
     Raises:
       ValueError: ``image_size`` not a positive multiple of 32, or ``names`` of the wrong length.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.data import builtin_dataset
+      >>> from yolo_func.eval import predict
+      >>> ds = builtin_dataset("detect", "val", num_images=2)
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> preds = predict(model, params, state, [ds.image_path(0), ds.image_path(1)], conf=0.0, image_size=64, device="cpu")
+      >>> [p.path.name for p in preds], preds[0].detections.boxes.shape[-1]     # boxes in original pixels
+      (['000001.png', '000002.png'], 4)
     """
     if not isinstance(image_size, int) or image_size < 32 or image_size % 32:
         raise ValueError(f"[yolo_func] predict: image_size must be a positive multiple of 32, got {image_size!r}")

@@ -27,6 +27,14 @@ class Head(NamedTuple):
         inference output (for segment also its prototypes, see :mod:`yolo_func.heads.segment`).
       capturable: whether ``apply`` and ``loss`` keep static shapes and never sync with the host
         (needed by the deeper CUDA-graph replay levels).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Head, detect_head
+      >>> head = detect_head(num_classes=5, channels=(64, 128, 256))
+      >>> isinstance(head, Head), head._fields
+      (True, ('init', 'apply', 'loss', 'decode', 'capturable'))
+      >>> quiet = head._replace(capturable=False)    # a head is a value: change a field, get a new head
     """
 
     init: Callable[[torch.Generator], tuple[dict, dict]]
@@ -41,6 +49,15 @@ def branch(c_in: int, c_mid: int, c_out: int) -> Layer:
 
     Tree keys: ``conv1``, ``conv2``, ``pred`` (reference positions ``.0``, ``.1``, ``.2``).
     Apply: ``float[B, c_in, H, W] -> float[B, c_out, H, W]``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.heads import branch
+      >>> b = branch(64, 64, 5)
+      >>> p, s = b.init(torch.Generator().manual_seed(0))
+      >>> y, _ = b.apply(p, s, torch.rand(1, 64, 8, 8), train=False)
+      >>> sorted(p), tuple(y.shape)
+      (['conv1', 'conv2', 'pred'], (1, 5, 8, 8))
     """
     layers = {"conv1": conv_bn_act(c_in, c_mid, 3), "conv2": conv_bn_act(c_mid, c_mid, 3), "pred": conv2d(c_mid, c_out, 1)}
 
@@ -65,6 +82,15 @@ def multi_level(channels: Sequence[int], c_mid: int, c_out: int) -> Layer:
     """One :func:`branch` per level, keyed ``p3``, ``p4``, ``p5``.
 
     Apply: ``feats`` (three ``float[B, C_l, H_l, W_l]``) -> tuple of three ``float[B, c_out, H_l, W_l]``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.heads import multi_level
+      >>> ml = multi_level((64, 128, 256), 64, 5)
+      >>> p, s = ml.init(torch.Generator().manual_seed(0))
+      >>> ys, _ = ml.apply(p, s, (torch.rand(1, 64, 8, 8), torch.rand(1, 128, 4, 4), torch.rand(1, 256, 2, 2)), train=False)
+      >>> sorted(p), [tuple(y.shape) for y in ys]
+      (['p3', 'p4', 'p5'], [(1, 5, 8, 8), (1, 5, 4, 4), (1, 5, 2, 2)])
     """
     branches = {name: branch(c, c_mid, c_out) for name, c in zip(LEVELS, channels)}
 
@@ -85,5 +111,12 @@ def multi_level(channels: Sequence[int], c_mid: int, c_out: int) -> Layer:
 
 
 def flatten_levels(maps: Sequence[torch.Tensor]) -> torch.Tensor:
-    """``[float[B, C, H_l, W_l], ...] -> float[B, A, C]`` (level-major, then row-major anchors)."""
+    """``[float[B, C, H_l, W_l], ...] -> float[B, A, C]`` (level-major, then row-major anchors).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.heads import flatten_levels
+      >>> flatten_levels([torch.rand(2, 5, 8, 8), torch.rand(2, 5, 4, 4), torch.rand(2, 5, 2, 2)]).shape
+      torch.Size([2, 84, 5])
+    """
     return torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)

@@ -23,7 +23,13 @@ __all__ = ["detect_head", "detect_channels", "decode_detect"]
 
 def detect_channels(channels: Sequence[int], num_classes: int, reg_max: int = 16) -> tuple[int, int]:
     """Hidden widths ``(c2, c3)`` of the box and class branches:
-    ``c2 = max(16, ch0 // 4, 4 * reg_max)``, ``c3 = max(ch0, min(num_classes, 100))``."""
+    ``c2 = max(16, ch0 // 4, 4 * reg_max)``, ``c3 = max(ch0, min(num_classes, 100))``.
+
+    Example:
+      >>> from yolo_func.heads import detect_channels
+      >>> detect_channels((64, 128, 256), num_classes=80), detect_channels((64, 128, 256), num_classes=5)
+      ((64, 80), (64, 64))
+    """
     return max(16, channels[0] // 4, 4 * reg_max), max(channels[0], min(num_classes, 100))
 
 
@@ -36,6 +42,17 @@ def decode_detect(preds: DetectPreds, anchors: Anchors, *, reg_max: int = 16) ->
 
     Returns:
       float[B, 4 + K, A]: (cx, cy, w, h) in pixels, then ``sigmoid(cls_logits)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import DetectPreds
+      >>> from yolo_func.assign import make_anchors
+      >>> from yolo_func.heads import decode_detect
+      >>> anchors = make_anchors([(8, 8), (4, 4), (2, 2)], (8, 16, 32))
+      >>> preds = DetectPreds(box_dist=torch.zeros(1, 84, 64), cls_logits=torch.zeros(1, 84, 5))
+      >>> y = decode_detect(preds, anchors)
+      >>> tuple(y.shape), y[0, :, 0].tolist()     # uniform bins: 7.5 grid units a side; sigmoid(0) = 0.5
+      ((1, 9, 84), [4.0, 4.0, 120.0, 120.0, 0.5, 0.5, 0.5, 0.5, 0.5])
     """
     dist = dfl_expectation(preds.box_dist, reg_max)  # [B, A, 4] grid units
     boxes = dist2bbox(dist, anchors.points, xywh=True) * anchors.strides
@@ -63,6 +80,16 @@ def detect_head(
 
     Returns:
       ``Head`` whose apply maps ``Feats`` to ``DetectPreds(box_dist float[B, A, 4R], cls_logits float[B, A, K])``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import detect_head
+      >>> head = detect_head(num_classes=5, channels=(64, 128, 256))     # yolov8n's neck channels
+      >>> params, state = head.init(torch.Generator().manual_seed(0))
+      >>> feats = (torch.rand(1, 64, 8, 8), torch.rand(1, 128, 4, 4), torch.rand(1, 256, 2, 2))
+      >>> preds, _ = head.apply(params, state, feats, train=True)
+      >>> tuple(preds.box_dist.shape), tuple(preds.cls_logits.shape)
+      ((1, 84, 64), (1, 84, 5))
     """
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"[yolo_func] detect_head: num_classes must be a positive int, got {num_classes!r}")

@@ -27,6 +27,15 @@ def decode_keypoints(raw: torch.Tensor, anchors: Anchors, kpt_shape: tuple[int, 
 
     Returns:
       float[B, P*D, A]: ``x = (2 raw_x + ax - 0.5) * s``, same for y, ``v = sigmoid(raw_v)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.assign import make_anchors
+      >>> from yolo_func.heads import decode_keypoints
+      >>> anchors = make_anchors([(8, 8), (4, 4), (2, 2)], (8, 16, 32))
+      >>> k = decode_keypoints(torch.zeros(1, 84, 15), anchors, (5, 3))
+      >>> tuple(k.shape), k[0, :3, 0].tolist()    # x = (0 + 0.5 - 0.5) * 8, y likewise, v = sigmoid(0)
+      ((1, 15, 84), [0.0, 0.0, 0.5])
     """
     P, D = kpt_shape
     B, A, _ = raw.shape
@@ -47,6 +56,16 @@ def pose_head(*, channels: Sequence[int], kpt_shape: tuple[int, int] = (17, 3), 
 
     Returns:
       ``Head`` whose apply maps ``Feats`` to ``PosePreds(keypoints float[B, A, P*D])``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import pose_head
+      >>> head = pose_head(channels=(64, 128, 256), kpt_shape=(5, 3))
+      >>> params, state = head.init(torch.Generator().manual_seed(0))
+      >>> feats = (torch.rand(1, 64, 8, 8), torch.rand(1, 128, 4, 4), torch.rand(1, 256, 2, 2))
+      >>> preds, _ = head.apply(params, state, feats, train=True)
+      >>> tuple(preds.keypoints.shape)
+      (1, 84, 15)
     """
     if len(kpt_shape) != 2 or kpt_shape[0] < 1 or kpt_shape[1] not in (2, 3):
         raise ValueError(f"[yolo_func] pose_head: kpt_shape must be (P >= 1, 2 or 3), got {tuple(kpt_shape)}")

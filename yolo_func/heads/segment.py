@@ -25,6 +25,15 @@ def proto(c_in: int, c_mid: int, num_masks: int) -> Layer:
     output is post-SiLU).
 
     Apply: ``float[B, c_in, H, W] -> float[B, num_masks, 2H, 2W]``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.heads import proto
+      >>> pr = proto(64, 64, 32)
+      >>> p, s = pr.init(torch.Generator().manual_seed(0))
+      >>> y, _ = pr.apply(p, s, torch.rand(1, 64, 8, 8), train=False)
+      >>> tuple(y.shape)
+      (1, 32, 16, 16)
     """
     layers = {
         "cv1": conv_bn_act(c_in, c_mid, 3),
@@ -67,6 +76,16 @@ def segment_head(
     Returns:
       ``Head`` whose apply maps ``Feats`` to ``SegmentPreds(coeffs float[B, A, NM],
       protos float[B, NM, H/4, W/4])``; its ``decode`` returns ``(coeffs float[B, NM, A], protos)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import segment_head
+      >>> head = segment_head(channels=(64, 128, 256))
+      >>> params, state = head.init(torch.Generator().manual_seed(0))
+      >>> feats = (torch.rand(1, 64, 8, 8), torch.rand(1, 128, 4, 4), torch.rand(1, 256, 2, 2))
+      >>> preds, _ = head.apply(params, state, feats, train=True)
+      >>> tuple(preds.coeffs.shape), tuple(preds.protos.shape)
+      ((1, 84, 32), (1, 32, 16, 16))
     """
     if num_masks < 1 or proto_channels < 1:
         raise ValueError(f"[yolo_func] segment_head: num_masks and proto_channels must be >= 1, got {num_masks}, {proto_channels}")

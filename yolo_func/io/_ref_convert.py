@@ -52,6 +52,16 @@ def to_reference(model, params: Mapping, state: Mapping) -> dict[str, torch.Tens
 
     Raises:
       ValueError: the trees do not fit ``model`` (missing, unexpected and mis-shaped paths listed).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> sd = io.to_reference(model, params, state)            # {reference key: tensor}
+      >>> next(iter(sd)), tuple(sd["model.0.conv.weight"].shape)
+      ('model.0.conv.weight', (16, 3, 3, 3))
     """
     model.check_trees(params, state)
     flat = {"params": T.tree_flat_dict(params), "state": T.tree_flat_dict(state)}
@@ -81,6 +91,18 @@ class LoadReport(NamedTuple):
       mismatched: ``(key, expected shape, given shape)`` for entries with the wrong shape.
       invalid: ``(key, reason)``: not a tensor, a non-floating dtype, or a DFL projection that is
         not ``0..15``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> sd = io.to_reference(model, params, state)
+      >>> sd["model.22.cv3.0.2.weight"] = torch.zeros(80, 64, 1, 1)       # an 80-class head in a 5-class model
+      >>> report = io.from_reference(model, sd, strict=False).report
+      >>> report.mismatched
+      (('model.22.cv3.0.2.weight', (5, 64, 1, 1), (80, 64, 1, 1)),)
     """
 
     missing: tuple[str, ...] = ()
@@ -129,7 +151,19 @@ class LoadReport(NamedTuple):
 
 
 class Loaded(NamedTuple):
-    """Result of a non-strict :func:`from_reference`: ``params, state, report = ...``."""
+    """Result of a non-strict :func:`from_reference`: ``params, state, report = ...``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> sd = io.to_reference(model, params, state)
+      >>> loaded = io.from_reference(model, sd, strict=False)
+      >>> loaded._fields, loaded.report.missing, loaded.report.mismatched    # everything fitted
+      (('params', 'state', 'report'), (), ())
+    """
 
     params: dict
     state: dict
@@ -219,6 +253,20 @@ def from_reference(
         :data:`REPORT_LIMIT` of the missing (`` - ``), unexpected (`` + ``), mis-shaped (`` ~ ``)
         and invalid (`` ! ``) keys, then `` ... and N more``.
       TypeError: ``state_dict`` is not a mapping.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> from yolo_func.testing import assert_trees_all_equal
+      >>> p2, s2 = io.from_reference(model, io.to_reference(model, params, state))   # the round trip
+      >>> assert_trees_all_equal(p2, params); assert_trees_all_equal(s2, state)
+      >>> sd = io.to_reference(model, params, state); del sd["model.0.conv.weight"]
+      >>> p3, s3, report = io.from_reference(model, sd, strict=False)     # a Loaded record
+      >>> report.missing
+      ('model.0.conv.weight',)
     """
     return _from_reference(model, state_dict, strict=strict, base=base, copy=copy)
 

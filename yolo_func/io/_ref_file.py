@@ -66,6 +66,20 @@ class ReferenceCheckpoint(NamedTuple):
       task: the stored task name, else ``None``.
       yaml: the stored model configuration dict, else ``None``.
       entry: which entry the weights came from: ``"ema"``, ``"model"`` or ``"<root>"``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> path = Path(tempfile.mkdtemp()) / "yolov8n-5.pt"
+      >>> torch.save({"model": io.to_reference(model, params, state)}, path)   # a reference-layout file
+      >>> ck = io.read_reference_checkpoint(path)             # a ReferenceCheckpoint
+      >>> ck._fields[:3], ck.state_dict["model.0.conv.weight"].dtype
+      (('state_dict', 'names', 'kpt_shape'), torch.float32)
     """
 
     state_dict: dict[str, torch.Tensor]
@@ -84,6 +98,20 @@ class ReferenceModel(NamedTuple):
       params, state: float32 trees on the CPU.
       names: ``{class id: name}`` for ids ``0..K-1`` (stored names; ``str(id)`` for any id the file
         does not name, as the reference does).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> path = Path(tempfile.mkdtemp()) / "yolov8n-5.pt"
+      >>> torch.save({"model": io.to_reference(model, params, state)}, path)   # a reference-layout file
+      >>> m, p2, s2, names = io.load_reference_model(path)    # a ReferenceModel
+      >>> m.num_classes, names                               # the file stores no names: str(id)
+      (5, {0: '0', 1: '1', 2: '2', 3: '3', 4: '4'})
     """
 
     model: Any
@@ -249,6 +277,20 @@ def read_reference_checkpoint(path: str | PathLike | IO[bytes]) -> ReferenceChec
         truncated), or no usable ``ema`` / ``model`` entry; the message names the file.
       RefusedGlobalError: the file references a global outside the allow-list (named); nothing ran.
       TypeError: ``path`` is neither a path nor a seekable binary file.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> path = Path(tempfile.mkdtemp()) / "yolov8n-5.pt"
+      >>> torch.save({"model": io.to_reference(model, params, state)}, path)   # a reference-layout file
+      >>> ck = io.read_reference_checkpoint(path)             # no reference package needed
+      >>> len(ck.state_dict) == len(io.to_reference(model, params, state)), ck.names
+      (True, None)
     """
     name = _describe(path)
     ckpt = _load(path, name)
@@ -286,6 +328,20 @@ def load_reference_checkpoint(path: str | PathLike | IO[bytes]) -> dict[str, tor
 
     Raises:
       As :func:`read_reference_checkpoint`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> path = Path(tempfile.mkdtemp()) / "yolov8n-5.pt"
+      >>> torch.save({"model": io.to_reference(model, params, state)}, path)   # a reference-layout file
+      >>> sd = io.load_reference_checkpoint(path)             # {reference key: tensor}
+      >>> tuple(sd["model.0.conv.weight"].shape)
+      (16, 3, 3, 3)
     """
     return read_reference_checkpoint(path).state_dict
 
@@ -294,6 +350,20 @@ def load_reference_weights(model, path: str | PathLike | IO[bytes], **kwargs) ->
     """``from_reference(model, load_reference_checkpoint(path), **kwargs)``: float32 ``(params, state)``.
 
     A mismatch error names the file and, when the file holds another model, the call that builds it.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> path = Path(tempfile.mkdtemp()) / "yolov8n-5.pt"
+      >>> torch.save({"model": io.to_reference(model, params, state)}, path)   # a reference-layout file
+      >>> from yolo_func.testing import assert_trees_all_equal
+      >>> p2, s2 = io.load_reference_weights(model, path)
+      >>> assert_trees_all_equal(p2, params)
     """
     name = _describe(path)
     kwargs = {"strict": True, "base": None, "copy": True, **kwargs}

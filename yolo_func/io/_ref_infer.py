@@ -54,6 +54,18 @@ class ReferenceSpec(NamedTuple):
       num_classes: K (reference ``nc``).
       kpt_shape: ``(P, D)`` for pose, else ``None``.
       num_masks: NM for segment, else ``None``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> spec = io.infer_reference_spec(io.to_reference(model, params, state))
+      >>> spec
+      ReferenceSpec(scale='n', task='detect', num_classes=5, kpt_shape=None, num_masks=None)
+      >>> spec.build().num_classes
+      5
     """
 
     scale: str
@@ -243,5 +255,15 @@ def infer_reference_model(state_dict: Mapping[str, Any], *, kpt_shape: tuple[int
 
     Raises:
       TypeError, ValueError: as :func:`infer_reference_spec`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> m = io.infer_reference_model(io.to_reference(model, params, state))   # shapes only
+      >>> m.scale, m.task, m.num_classes
+      ('n', 'detect', 5)
     """
     return infer_reference_spec(state_dict, kpt_shape=kpt_shape).build()

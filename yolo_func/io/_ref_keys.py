@@ -259,6 +259,16 @@ class RefEntry(NamedTuple):
       kind: ``"params"``, ``"state"``, ``"num_batches_tracked"`` or ``"dfl"`` (the last two are
         reference-only).
       path: our leaf path (``None`` for the reference-only entries).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> e = io.reference_layout(model)[0]                      # a RefEntry
+      >>> e.key, e.shape, e.kind, e.path
+      ('model.0.conv.weight', (16, 3, 3, 3), 'params', 'network/backbone/stem/conv/weight')
     """
 
     key: str
@@ -303,6 +313,16 @@ def reference_layout(model) -> list[RefEntry]:
 
     Returns:
       list of :class:`RefEntry`; for yolov8n 355 entries, yolov8n-seg 417, yolov8n-pose 397.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func import io
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> layout = io.reference_layout(model)
+      >>> len(layout), sorted({e.kind for e in layout})
+      (355, ['dfl', 'num_batches_tracked', 'params', 'state'])
     """
     params, state = model.abstract_init()
     return _layout_from_trees(params, state, model.reg_max)

@@ -36,6 +36,11 @@ class PickledObject:
       pickled_class: ``"module.QualName"`` of the class it stands for.
       state: the state the pickle restored (``BUILD``), e.g. an ``nn.Module``'s ``__dict__``.
       args: positional arguments the pickle constructed it with.
+
+    Example:
+      >>> from yolo_func.io import PickledObject
+      >>> PickledObject.__name__                          # what read_reference_checkpoint unpickles reference classes as
+      'PickledObject'
     """
 
     _pickled_class = "?"

@@ -45,6 +45,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
 
     Returns:
       The path written.
+
+    Example:
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> from yolo_func.io import atomic_write
+      >>> path = atomic_write(tmp / "a" / "b.bin", lambda f: f.write(b"hello"))
+      >>> path.read_bytes(), sorted(p.name for p in path.parent.iterdir())     # no temporary file left
+      (b'hello', ['b.bin'])
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +107,18 @@ def save_checkpoint(path: str | os.PathLike, tree: Any, *, config: dict | None =
 
     Returns:
       The path written.
+
+    Example:
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> import torch
+      >>> from yolo_func.io import load_checkpoint, save_checkpoint
+      >>> tree = {"w": torch.ones(2, 3), "n": torch.tensor(7)}
+      >>> path = save_checkpoint(tmp / "w.pt", tree, config={"lr": 0.1}, meta={"note": "x"})
+      >>> loaded, config, meta = load_checkpoint(path, tree)
+      >>> loaded["w"].shape, int(loaded["n"]), config, meta
+      (torch.Size([2, 3]), 7, {'lr': 0.1}, {'note': 'x'})
     """
     return write_checkpoint_payload(path, checkpoint_payload(tree, config=config, meta=meta, extra=extra))
 
@@ -147,6 +168,16 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
       FileNotFoundError: no such file.
       ValueError: the file is empty, truncated or damaged, not a torch file (a JSON, random bytes, a
         pickle with code), or another program's torch file; the message names the file.
+
+    Example:
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> import torch
+      >>> from yolo_func.io import read_checkpoint, save_checkpoint
+      >>> payload = read_checkpoint(save_checkpoint(tmp / "w.pt", {"a": {"b": torch.ones(1)}}))
+      >>> sorted(payload), list(payload["tensors"])
+      (['config', 'extra', 'format', 'meta', 'tensors'], ['a/b'])
     """
     path = Path(path)
     if not path.is_file():
@@ -186,6 +217,12 @@ def restore_tree(tensors: dict[str, torch.Tensor], template: Any, *, source: str
     Raises:
       ValueError: the paths/shapes differ; the message lists missing (`` - ``), unexpected
         (`` + ``) and mis-shaped (`` ~ ``) paths, e.g. for a checkpoint of another scale or task.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.io import restore_tree
+      >>> restore_tree({"a/b": torch.ones(2)}, {"a": {"b": torch.zeros(2, dtype=torch.float16)}})
+      {'a': {'b': tensor([1., 1.], dtype=torch.float16)}}
     """
     items = T.tree_items(template)
     want = {p: x for p, x in items}
@@ -218,6 +255,22 @@ def load_checkpoint(path: str | os.PathLike, template: Any) -> tuple[Any, dict, 
       ValueError: the saved paths/shapes differ from the template's; the message lists missing
         (`` - ``), unexpected (`` + ``) and mis-shaped (`` ~ ``) paths, e.g. for a checkpoint of
         another scale or task.
+
+    Example:
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> import torch
+      >>> from yolo_func.io import load_checkpoint, save_checkpoint
+      >>> path = save_checkpoint(tmp / "w.pt", {"w": torch.ones(2)})
+      >>> tree, config, meta = load_checkpoint(path, {"w": torch.zeros(2, dtype=torch.float64)})   # template's dtype
+      >>> tree["w"]
+      tensor([1., 1.], dtype=torch.float64)
+      >>> try:
+      ...     load_checkpoint(path, {"v": torch.zeros(2)})
+      ... except ValueError as e:
+      ...     print(str(e).startswith("[yolo_func]"))
+      True
     """
     payload = read_checkpoint(path)
     tree = restore_tree(payload["tensors"], template, source=str(path), config=payload["config"])

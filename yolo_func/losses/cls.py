@@ -21,6 +21,13 @@ def cls_loss(cls_logits: torch.Tensor, target_scores: torch.Tensor, normalizer: 
 
     Returns:
       float[] (>= 0).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import cls_loss
+      >>> logits = torch.zeros(1, 4, 3)                      # float[B, A, K]
+      >>> cls_loss(logits, torch.zeros(1, 4, 3), torch.tensor(1.0))   # 12 x BCE(0, 0) = 12 log 2
+      tensor(8.3178)
     """
     if cls_logits.shape != target_scores.shape:
         raise ValueError(f"[yolo_func] cls_loss: cls_logits {tuple(cls_logits.shape)} and target_scores "

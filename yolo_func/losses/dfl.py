@@ -28,6 +28,14 @@ def dfl_loss(box_dist: torch.Tensor, target: torch.Tensor, *, reg_max: int = 16)
 
     Returns:
       float[...]: the mean of the four side losses (>= 0).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import dfl_loss
+      >>> logits = torch.full((1, 64), -20.0)
+      >>> logits[0, [3, 16 + 3, 32 + 3, 48 + 3]] = 20.0      # every side sure of bin 3
+      >>> dfl_loss(logits, torch.full((1, 4), 3.0)).abs() < 1e-6      # float[A]: target exactly bin 3, ~0
+      tensor([True])
     """
     if box_dist.shape[-1] != 4 * reg_max or target.shape[-1] != 4:
         raise ValueError(

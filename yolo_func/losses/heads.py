@@ -42,6 +42,13 @@ class LossGains(NamedTuple):
     """Loss gains (reference ``default.yaml``: box 7.5, cls 0.5, dfl 1.5, pose 12.0, kobj 1.0).
 
     The segmentation term uses the *box* gain (trap T13).
+
+    Example:
+      >>> from yolo_func.losses import LossGains
+      >>> LossGains()
+      LossGains(box=7.5, cls=0.5, dfl=1.5, pose=12.0, kobj=1.0)
+      >>> LossGains(cls=1.0).cls
+      1.0
     """
 
     box: float = 7.5
@@ -127,6 +134,22 @@ def segment_loss(*, gains: LossGains = LossGains(), topk: int = 10, max_positive
       ``targets.masks`` (overlap int64[B, Hm, Wm] or per-instance float[B, M, Hm, Wm]); parts
       ``{"seg"}`` (the gained per-batch item, detached), scalar ``B * seg`` with gradient.
       No positives: seg = 0.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.assign import assign_from_detect
+      >>> from yolo_func.testing.synthetic import synthetic_batch
+      >>> model = yolov8("n", task="segment", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> batch = synthetic_batch("segment", 2, 64, num_classes=5, max_boxes=4)
+      >>> feats, _ = model.features(params["network"], state["network"], batch.images.float() / 255, train=True)
+      >>> preds, _ = model.apply(params, state, batch.images.float() / 255, train=True)
+      >>> a = assign_from_detect(preds["detect"], batch.targets, model.anchors(feats))
+      >>> from yolo_func.losses import segment_loss
+      >>> loss, parts = segment_loss()(preds["segment"], batch.targets, a)
+      >>> loss.shape, sorted(parts)
+      (torch.Size([]), ['seg'])
     """
 
     def loss(preds: SegmentPreds, targets: Targets, assignment: Assignment):
@@ -167,6 +190,22 @@ def pose_loss(
       with ``preds.keypoints float[B, A, P*D]`` and ``targets.keypoints float[B, M, P, 2|3]``
       (pixels); parts ``{"pose", "kobj"}`` (gained per-batch items, detached), scalar
       ``B * (pose + kobj)`` with gradient. No positives: both 0.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.assign import assign_from_detect
+      >>> from yolo_func.testing.synthetic import synthetic_batch
+      >>> model = yolov8("n", task="pose", num_classes=1)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> batch = synthetic_batch("pose", 2, 64, num_classes=1, max_boxes=4, kpt_shape=(17, 3))
+      >>> feats, _ = model.features(params["network"], state["network"], batch.images.float() / 255, train=True)
+      >>> preds, _ = model.apply(params, state, batch.images.float() / 255, train=True)
+      >>> a = assign_from_detect(preds["detect"], batch.targets, model.anchors(feats))
+      >>> from yolo_func.losses import pose_loss
+      >>> loss, parts = pose_loss(kpt_shape=(17, 3))(preds["pose"], batch.targets, a)
+      >>> loss.shape, sorted(parts)
+      (torch.Size([]), ['kobj', 'pose'])
     """
     P, D = int(kpt_shape[0]), int(kpt_shape[1])
     sig = keypoint_sigmas((P, D)) if sigmas is None else torch.as_tensor(sigmas, dtype=torch.float32)

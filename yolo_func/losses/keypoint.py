@@ -12,7 +12,13 @@ COCO_SIGMAS = (0.26, 0.25, 0.25, 0.35, 0.35, 0.79, 0.79, 0.72, 0.72, 0.62, 0.62,
 
 
 def keypoint_sigmas(kpt_shape: tuple[int, int]) -> torch.Tensor:
-    """float[P]: COCO sigmas / 10 for ``kpt_shape == (17, 3)`` (the reference's rule), else ``1 / P``."""
+    """float[P]: COCO sigmas / 10 for ``kpt_shape == (17, 3)`` (the reference's rule), else ``1 / P``.
+
+    Example:
+      >>> from yolo_func.losses import keypoint_sigmas
+      >>> keypoint_sigmas((17, 3)).shape, keypoint_sigmas((4, 3)).tolist()
+      (torch.Size([17]), [0.25, 0.25, 0.25, 0.25])
+    """
     P = int(kpt_shape[0])
     if tuple(kpt_shape) == (17, 3):
         return torch.tensor(COCO_SIGMAS, dtype=torch.float32) / 10
@@ -47,6 +53,20 @@ def keypoint_losses(
 
     Returns:
       ``(L_pose float[], L_kobj float[])``, both 0 without positives.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import keypoint_losses
+      >>> B, A, P = 1, 2, 2
+      >>> pred = torch.zeros(B, A, P, 3)                     # raw (x, y, v) channels
+      >>> pred[..., :2] = 0.25                               # x = 2 * 0.25 + 0.5 - 0.5 = 0.5 grid units = 4 px
+      >>> gt = torch.tensor([[[[4.0, 4.0, 2.0], [4.0, 4.0, 2.0]]] * A])  # at the first anchor's centre, stride 8
+      >>> boxes = torch.tensor([[[0.0, 0.0, 8.0, 8.0]] * A])
+      >>> fg = torch.tensor([[True, False]])
+      >>> l_pose, l_kobj = keypoint_losses(pred, gt, boxes, fg, torch.tensor([[0.5, 0.5], [1.5, 0.5]]),
+      ...                                  torch.full((A, 1), 8.0), torch.full((P,), 0.5))
+      >>> round(l_pose.item(), 6), round(l_kobj.item(), 4)  # exact keypoints: no pose loss; BCE(0, 1) = log 2
+      (0.0, 0.6931)
     """
     B, A, P, D = pred_kpts.shape
     s = strides.to(pred_kpts.dtype)

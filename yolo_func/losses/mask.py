@@ -32,6 +32,13 @@ def gather_positive_slots(fg_mask: torch.Tensor, num_slots: int) -> tuple[torch.
 
     Returns:
       ``(anchor_idx int64[B, S], slot_valid bool[B, S])``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import gather_positive_slots
+      >>> idx, ok = gather_positive_slots(torch.tensor([[False, True, False, True]]), 3)
+      >>> idx.tolist(), ok.tolist()
+      ([[1, 3, 0]], [[True, True, False]])
     """
     order = torch.sort(fg_mask.to(torch.int32), dim=1, descending=True, stable=True).indices
     idx = order[:, :num_slots]
@@ -151,6 +158,23 @@ def mask_loss(
 
     Returns:
       ``(loss_sum float[], num_pos float[])``; ``loss_sum`` is 0 when there are no positives.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.assign import assign_from_detect
+      >>> from yolo_func.testing.synthetic import synthetic_batch
+      >>> model = yolov8("n", task="segment", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> batch = synthetic_batch("segment", 2, 64, num_classes=5, max_boxes=4)
+      >>> feats, _ = model.features(params["network"], state["network"], batch.images.float() / 255, train=True)
+      >>> preds, _ = model.apply(params, state, batch.images.float() / 255, train=True)
+      >>> a = assign_from_detect(preds["detect"], batch.targets, model.anchors(feats))
+      >>> from yolo_func.losses import mask_loss
+      >>> loss_sum, num_pos = mask_loss(preds["segment"].coeffs, preds["segment"].protos, batch.targets.masks,
+      ...                               a.fg_mask, a.gt_idx, a.target_boxes, image_size=(64, 64), num_slots=84)
+      >>> loss_sum.shape, int(num_pos) == int(a.fg_mask.sum())
+      (torch.Size([]), True)
     """
     B, A, NM = coeffs.shape
     hm, wm = masks.shape[-2:]

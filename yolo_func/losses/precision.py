@@ -22,5 +22,11 @@ def at_least_f32(x: torch.Tensor) -> torch.Tensor:
 
     Returns:
       float[...] in float32 (from float16 / bfloat16) or ``x`` itself.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import at_least_f32
+      >>> at_least_f32(torch.ones(2, dtype=torch.bfloat16)).dtype, at_least_f32(torch.ones(2, dtype=torch.float64)).dtype
+      (torch.float32, torch.float64)
     """
     return x.to(at_least_f32_dtype(x.dtype))

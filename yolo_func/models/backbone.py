@@ -19,6 +19,15 @@ def backbone(scale: Scale) -> Layer:
 
     Apply: ``images float[B, 3, H, W] -> ((c3 float[B, C3, H/8, W/8], c4 float[B, C4, H/16, W/16],
     c5 float[B, C5, H/32, W/32]), state)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.models import backbone, get_scale
+      >>> bb = backbone(get_scale("n"))
+      >>> p, s = bb.init(torch.Generator().manual_seed(0))
+      >>> c, _ = bb.apply(p, s, torch.rand(1, 3, 64, 64), train=False)
+      >>> [tuple(x.shape) for x in c]             # strides 8, 16, 32
+      [(1, 64, 8, 8), (1, 128, 4, 4), (1, 256, 2, 2)]
     """
     c = lambda v: channels(v, scale)  # noqa: E731
     r = lambda v: repeats(v, scale)  # noqa: E731

@@ -17,7 +17,13 @@ __all__ = ["neck", "neck_channels"]
 
 
 def neck_channels(scale: Scale) -> tuple[int, int, int]:
-    """Output channels of the neck's (P3, P4, P5): the heads' input channels."""
+    """Output channels of the neck's (P3, P4, P5): the heads' input channels.
+
+    Example:
+      >>> from yolo_func.models import get_scale, neck_channels
+      >>> neck_channels(get_scale("n")), neck_channels(get_scale("s"))
+      ((64, 128, 256), (128, 256, 512))
+    """
     return channels(256, scale), channels(512, scale), channels(1024, scale)
 
 
@@ -26,6 +32,17 @@ def neck(scale: Scale) -> Layer:
 
     Apply: ``(c3, c4, c5)`` from the backbone -> ``(Feats(p3, p4, p5), state)`` with
     p3 float[B, C3, H/8, W/8], p4 float[B, C4, H/16, W/16], p5 float[B, C5, H/32, W/32].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.models import backbone, get_scale, neck
+      >>> sc = get_scale("n")
+      >>> bb, nk = backbone(sc), neck(sc)
+      >>> (pb, sb), (pn, sn) = bb.init(torch.Generator().manual_seed(0)), nk.init(torch.Generator().manual_seed(1))
+      >>> c, _ = bb.apply(pb, sb, torch.rand(1, 3, 64, 64), train=False)
+      >>> feats, _ = nk.apply(pn, sn, c, train=False)
+      >>> [tuple(f.shape) for f in feats]
+      [(1, 64, 8, 8), (1, 128, 4, 4), (1, 256, 2, 2)]
     """
     c = lambda v: channels(v, scale)  # noqa: E731
     n = repeats(3, scale)

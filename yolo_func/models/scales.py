@@ -9,7 +9,13 @@ __all__ = ["Scale", "SCALES", "get_scale", "channels", "repeats"]
 
 
 class Scale(NamedTuple):
-    """Depth multiple, width multiple and channel cap of one YOLOv8 scale."""
+    """Depth multiple, width multiple and channel cap of one YOLOv8 scale.
+
+    Example:
+      >>> from yolo_func.models import get_scale
+      >>> get_scale("n")
+      Scale(name='n', depth=0.33, width=0.25, max_channels=1024)
+    """
 
     name: str
     depth: float
@@ -31,6 +37,11 @@ def get_scale(scale: str | Scale) -> Scale:
 
     Raises:
       ValueError: unknown name (lists the known ones).
+
+    Example:
+      >>> from yolo_func.models import get_scale
+      >>> get_scale("s").width, get_scale(get_scale("x")).name
+      (0.5, 'x')
     """
     if isinstance(scale, Scale):
         return scale
@@ -40,10 +51,22 @@ def get_scale(scale: str | Scale) -> Scale:
 
 
 def channels(c_yaml: int, scale: Scale) -> int:
-    """``ceil(min(c, max_channels) * width / 8) * 8`` (make-divisible by 8, rounding up)."""
+    """``ceil(min(c, max_channels) * width / 8) * 8`` (make-divisible by 8, rounding up).
+
+    Example:
+      >>> from yolo_func.models import channels, get_scale
+      >>> channels(1024, get_scale("n")), channels(1024, get_scale("x"))
+      (256, 640)
+    """
     return int(math.ceil(min(c_yaml, scale.max_channels) * scale.width / 8) * 8)
 
 
 def repeats(n_yaml: int, scale: Scale) -> int:
-    """``max(round(n * depth), 1)`` for ``n > 1`` (Python round, half to even), else ``n``."""
+    """``max(round(n * depth), 1)`` for ``n > 1`` (Python round, half to even), else ``n``.
+
+    Example:
+      >>> from yolo_func.models import get_scale, repeats
+      >>> repeats(6, get_scale("n")), repeats(6, get_scale("x")), repeats(1, get_scale("n"))
+      (2, 6, 1)
+    """
     return max(round(n_yaml * scale.depth), 1) if n_yaml > 1 else n_yaml

@@ -29,6 +29,15 @@ class Inference(NamedTuple):
       y: float[B, 4 + K + E, A]: (cx, cy, w, h) pixels, class probabilities, then E extra channels
         (mask coefficients for segment, decoded keypoints for pose).
       protos: float[B, NM, H/4, W/4] for segmentation models, else None.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> model = yolov8("n", task="segment", num_classes=5)
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> out = model.predict(params, state, torch.rand(1, 3, 64, 64))
+      >>> tuple(out.y.shape), tuple(out.protos.shape)     # (B, 4 + K + NM, A), (B, NM, H/4, W/4)
+      ((1, 41, 84), (1, 32, 16, 16))
     """
 
     y: torch.Tensor
@@ -41,6 +50,16 @@ def check_images(images: Any, *, in_channels: int = 3, multiple: int = 32) -> No
     Raises:
       TypeError: not a floating-point tensor.
       ValueError: not ``float[B, in_channels, H, W]`` with H, W multiples of ``multiple``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.models import check_images
+      >>> check_images(torch.rand(2, 3, 64, 96))              # fine: float[B, 3, H, W], H and W multiples of 32
+      >>> try:
+      ...     check_images(torch.rand(2, 3, 60, 64))
+      ... except ValueError as e:
+      ...     print(str(e)[:60])
+      [yolo_func] images H and W must be positive multiples of 32,
     """
     if not isinstance(images, torch.Tensor):
         raise TypeError(f"[yolo_func] images must be a torch.Tensor float[B, {in_channels}, H, W], got {type(images).__name__}")
@@ -63,6 +82,15 @@ def network(scale: str | Scale) -> Layer:
 
     Tree keys: ``backbone/...`` and ``neck/...`` (see :mod:`yolo_func.models.backbone`, ``neck``).
     Apply: ``images float[B, 3, H, W] -> (Feats(p3, p4, p5), state)``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.models import network
+      >>> net = network("n")
+      >>> p, s = net.init(torch.Generator().manual_seed(0))
+      >>> feats, _ = net.apply(p, s, torch.rand(1, 3, 64, 64), train=False)    # Feats(p3, p4, p5)
+      >>> sorted(p), tuple(feats.p5.shape)
+      (['backbone', 'neck'], (1, 256, 2, 2))
     """
     scale = get_scale(scale)
     bb, nk = backbone(scale), neck(scale)
@@ -85,6 +113,17 @@ class Model:
     """A network and named heads. Build with :func:`yolov8`; swap heads with :meth:`with_heads`.
 
     Params and state trees are ``{"network": ..., "heads": {name: ...}}``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> model = yolov8("n", task="detect", num_classes=5)       # a Model
+      >>> params, state = model.init(torch.Generator().manual_seed(0))
+      >>> sorted(model.heads), model.num_params(params)
+      (['detect'], 3011823)
+      >>> preds, new_state = model.apply(params, state, torch.rand(1, 3, 64, 64), train=True)
+      >>> model.predict(params, state, torch.rand(1, 3, 64, 64)).y.shape
+      torch.Size([1, 9, 84])
     """
 
     network: Layer

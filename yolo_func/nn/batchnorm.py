@@ -31,7 +31,17 @@ _SYNC: contextvars.ContextVar[Callable[[torch.Tensor], torch.Tensor] | None] = c
 def update_stats_in_place() -> Iterator[None]:
     """Opt-in for capture: training-mode BN writes the new statistics into the state tensors it was
     given (static buffers) instead of returning fresh copies. Outside this context BN never touches
-    its input state."""
+    its input state.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.nn import batchnorm_apply, batchnorm_init, update_stats_in_place
+      >>> p, s = batchnorm_init(2)
+      >>> with update_stats_in_place():
+      ...     _, s2 = batchnorm_apply(p, s, torch.ones(2, 2, 4, 4), train=True)
+      >>> s2["running_mean"] is s["running_mean"], s["running_mean"]
+      (True, tensor([0.0300, 0.0300]))
+    """
     token = _IN_PLACE.set(True)
     try:
         yield
@@ -101,7 +111,14 @@ def _synced(params: dict, x: torch.Tensor, mean_buf: torch.Tensor, var_buf: torc
 
 
 def batchnorm_init(channels: int) -> tuple[dict, dict]:
-    """``({"weight": ones[C], "bias": zeros[C]}, {"running_mean": zeros[C], "running_var": ones[C]})``."""
+    """``({"weight": ones[C], "bias": zeros[C]}, {"running_mean": zeros[C], "running_var": ones[C]})``.
+
+    Example:
+      >>> from yolo_func.nn import batchnorm_init
+      >>> p, s = batchnorm_init(3)
+      >>> p["weight"].tolist(), p["bias"].tolist(), s["running_var"].tolist()
+      ([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+    """
     params = {"weight": _empty((channels,)).fill_(1.0), "bias": _empty((channels,)).fill_(0.0)}
     state = {"running_mean": _empty((channels,)).fill_(0.0), "running_var": _empty((channels,)).fill_(1.0)}
     return params, state
@@ -116,6 +133,15 @@ def batchnorm_apply(
     In train mode the running statistics are updated on clones, so ``state`` is untouched, unless
     :func:`update_stats_in_place` is active; inside :func:`sync_batchnorm` the batch statistics are
     the data-parallel processes' together.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.nn import batchnorm_apply, batchnorm_init
+      >>> p, s = batchnorm_init(2)
+      >>> x = torch.tensor([[[[1.0]], [[2.0]]], [[[3.0]], [[6.0]]]])    # float[2, 2, 1, 1]
+      >>> y, s2 = batchnorm_apply(p, s, x, train=True)
+      >>> s2["running_mean"]                                            # 0.97 * 0 + 0.03 * batch mean
+      tensor([0.0600, 0.1200])
     """
     if not train:
         y = F.batch_norm(x, state["running_mean"], state["running_var"], params["weight"], params["bias"], False, 0.0, eps)
@@ -132,7 +158,18 @@ def batchnorm_apply(
 
 
 def batchnorm(channels: int, *, eps: float = BN_EPS, momentum: float = BN_MOMENTUM) -> Layer:
-    """BatchNorm2d layer (no RNG consumed at init)."""
+    """BatchNorm2d layer (no RNG consumed at init).
+
+    Example:
+      >>> import torch
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> from yolo_func.nn import batchnorm
+      >>> bn = batchnorm(4)
+      >>> p, s = bn.init(gen)
+      >>> y, s2 = bn.apply(p, s, torch.randn(2, 4, 8, 8) * 3 + 1, train=True)   # float[B, C, H, W]
+      >>> y.shape, s2["running_mean"].shape, torch.equal(s["running_mean"], torch.zeros(4))
+      (torch.Size([2, 4, 8, 8]), torch.Size([4]), True)
+    """
 
     def init(gen: torch.Generator):
         del gen

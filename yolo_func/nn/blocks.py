@@ -17,6 +17,16 @@ def bottleneck(c: int, *, shortcut: bool) -> Layer:
     """``Conv(c, c, 3) -> Conv(c, c, 3)``, plus the input when ``shortcut``.
 
     Params/state keys: ``cv1``, ``cv2``. Apply: ``float[B, c, H, W] -> float[B, c, H, W]``.
+
+    Example:
+      >>> import torch
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> from yolo_func.nn import bottleneck
+      >>> layer = bottleneck(8, shortcut=True)
+      >>> p, s = layer.init(gen)
+      >>> y, _ = layer.apply(p, s, torch.rand(1, 8, 16, 16), train=False)   # float[B, c, H, W] -> same shape
+      >>> tuple(y.shape)
+      (1, 8, 16, 16)
     """
     cv1, cv2 = conv_bn_act(c, c, 3), conv_bn_act(c, c, 3)
 
@@ -40,6 +50,16 @@ def c2f(c_in: int, c_out: int, n: int, *, shortcut: bool) -> Layer:
     ``b`` (``m0(b)``, ``m1(m0)``, ...); ``cv2`` over ``concat[a, b, m0, ..., m{n-1}]`` -> ``c_out``.
     Params/state keys: ``cv1``, ``cv2``, ``m0`` ... ``m{n-1}`` (init order: cv1, cv2, m0, m1, ...).
     Apply: ``float[B, c_in, H, W] -> float[B, c_out, H, W]``.
+
+    Example:
+      >>> import torch
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> from yolo_func.nn import c2f
+      >>> layer = c2f(16, 32, 1, shortcut=True)
+      >>> p, s = layer.init(gen)
+      >>> y, _ = layer.apply(p, s, torch.rand(1, 16, 8, 8), train=False)   # float[B, c_in, H, W] -> float[B, c_out, H, W]
+      >>> tuple(y.shape)
+      (1, 32, 8, 8)
     """
     h = int(c_out * 0.5)
     cv1 = conv_bn_act(c_in, 2 * h, 1)
@@ -73,6 +93,16 @@ def sppf(c_in: int, c_out: int, k: int = 5) -> Layer:
     ``max_pool2d(k, stride 1, padding k//2)``, ``cv2`` over the concat of all four -> ``c_out``.
 
     Params/state keys: ``cv1``, ``cv2``. Apply: ``float[B, c_in, H, W] -> float[B, c_out, H, W]``.
+
+    Example:
+      >>> import torch
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> from yolo_func.nn import sppf
+      >>> layer = sppf(32, 32)
+      >>> p, s = layer.init(gen)
+      >>> y, _ = layer.apply(p, s, torch.rand(1, 32, 4, 4), train=False)
+      >>> tuple(y.shape)
+      (1, 32, 4, 4)
     """
     h = c_in // 2
     cv1 = conv_bn_act(c_in, h, 1)
@@ -95,7 +125,16 @@ def sppf(c_in: int, c_out: int, k: int = 5) -> Layer:
 
 
 def upsample(scale: int = 2) -> Layer:
-    """Nearest-neighbour upsampling by ``scale``: ``float[B, C, H, W] -> float[B, C, sH, sW]``."""
+    """Nearest-neighbour upsampling by ``scale``: ``float[B, C, H, W] -> float[B, C, sH, sW]``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.nn import upsample
+      >>> up = upsample(2)
+      >>> y, _ = up.apply({}, {}, torch.rand(1, 8, 4, 4), train=False)     # nearest, float[B, C, 2H, 2W]
+      >>> tuple(y.shape)
+      (1, 8, 8, 8)
+    """
 
     def init(gen: torch.Generator):
         del gen
@@ -109,7 +148,15 @@ def upsample(scale: int = 2) -> Layer:
 
 
 def concat(dim: int = 1) -> Layer:
-    """Concatenate a sequence of tensors along ``dim`` (channels by default)."""
+    """Concatenate a sequence of tensors along ``dim`` (channels by default).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.nn import concat
+      >>> y, _ = concat().apply({}, {}, (torch.rand(1, 8, 4, 4), torch.rand(1, 16, 4, 4)), train=False)
+      >>> tuple(y.shape)
+      (1, 24, 4, 4)
+    """
 
     def init(gen: torch.Generator):
         del gen

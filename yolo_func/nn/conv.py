@@ -16,6 +16,18 @@ def conv2d(c_in: int, c_out: int, k: int = 1, s: int = 1, *, bias: bool = True) 
 
     Params: ``{"weight": float[c_out, c_in, k, k], "bias": float[c_out]}`` (bias only if ``bias``).
     Apply: ``x float[B, c_in, H, W] -> float[B, c_out, H/s, W/s]``; stateless.
+
+    Example:
+      >>> import torch
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> from yolo_func.nn import conv2d
+      >>> conv = conv2d(3, 8, 3, 2)                       # c_in, c_out, kernel, stride
+      >>> p, s = conv.init(gen)
+      >>> sorted(p), tuple(p["weight"].shape), s
+      (['bias', 'weight'], (8, 3, 3, 3), {})
+      >>> y, _ = conv.apply(p, s, torch.rand(1, 3, 32, 32), train=False)
+      >>> tuple(y.shape)
+      (1, 8, 16, 16)
     """
     fan_in = c_in * k * k
 
@@ -40,6 +52,16 @@ def conv_bn_act(
     Params: ``{"conv": {"weight": float[c_out, c_in, k, k]}, "bn": {"weight", "bias": float[c_out]}}``.
     State: ``{"bn": {"running_mean", "running_var": float[c_out]}}``.
     Apply: ``x float[B, c_in, H, W] -> float[B, c_out, H/s, W/s]``.
+
+    Example:
+      >>> import torch
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> from yolo_func.nn import conv_bn_act
+      >>> conv = conv_bn_act(3, 16, 3, 2)
+      >>> p, s = conv.init(gen)
+      >>> y, new_s = conv.apply(p, s, torch.rand(2, 3, 64, 64), train=True)
+      >>> tuple(y.shape), sorted(new_s["bn"])
+      ((2, 16, 32, 32), ['running_mean', 'running_var'])
     """
     fan_in = c_in * k * k
 
@@ -61,6 +83,16 @@ def conv_transpose2d(c_in: int, c_out: int, k: int = 2, s: int = 2, *, bias: boo
     Params: ``{"weight": float[c_in, c_out, k, k], "bias": float[c_out]}``. PyTorch takes the init
     fan-in from weight dim 1, i.e. ``c_out * k * k``.
     Apply: ``x float[B, c_in, H, W] -> float[B, c_out, H*s, W*s]`` (for k == s).
+
+    Example:
+      >>> import torch
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> from yolo_func.nn import conv_transpose2d
+      >>> up = conv_transpose2d(8, 8)                     # kernel 2, stride 2
+      >>> p, s = up.init(gen)
+      >>> y, _ = up.apply(p, s, torch.rand(1, 8, 4, 4), train=False)
+      >>> tuple(y.shape)
+      (1, 8, 8, 8)
     """
     fan_in = c_out * k * k
 

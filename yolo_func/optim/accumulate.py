@@ -35,6 +35,16 @@ class MultiStepsState(NamedTuple):
       stepped: bool[] whether the latest call stepped (for the EMA and metrics).
       acc_grads: summed gradients since the last step (own buffers, same tree as params).
       inner_state: the wrapped transform's state (advances only on stepping calls).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.multi_steps(optim.sgd(0.1), every=2)
+      >>> s = tx.init(p)
+      >>> _, s = tx.update({"w": torch.ones(2)}, s, p)
+      >>> int(s.count), bool(s.stepped), s.acc_grads["w"]      # the first micro-batch is only accumulated
+      (1, False, tensor([1., 1.]))
     """
 
     count: torch.Tensor
@@ -144,7 +154,13 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
 
 
 def nominal_accumulate(batch_size: int, nbs: int = 64) -> int:
-    """``max(round(nbs / batch_size), 1)`` (REFERENCE.md §4.3; 4 for batch 16)."""
+    """``max(round(nbs / batch_size), 1)`` (REFERENCE.md §4.3; 4 for batch 16).
+
+    Example:
+      >>> from yolo_func.optim import nominal_accumulate
+      >>> nominal_accumulate(16), nominal_accumulate(4), nominal_accumulate(128)
+      (4, 16, 1)
+    """
     return max(round(nbs / batch_size), 1)
 
 
@@ -156,5 +172,10 @@ def scaled_weight_decay(weight_decay: float = 5e-4, batch_size: int = 16, accumu
 
     Returns:
       A float (5e-4 for the defaults).
+
+    Example:
+      >>> from yolo_func.optim import scaled_weight_decay
+      >>> scaled_weight_decay(0.0005, batch_size=16, accumulate=4, nbs=64)
+      0.0005
     """
     return weight_decay * batch_size * accumulate / nbs

@@ -87,6 +87,15 @@ def adamw(
     Returns:
       A :class:`GradientTransformation` whose state is a ``ScaleByAdamState`` (``update`` accepts
       ``iteration`` only).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.adamw(0.1, weight_decay=0.0)
+      >>> u, _ = tx.update({"w": torch.tensor([1.0, -2.0])}, tx.init(p), p)
+      >>> [round(x, 4) for x in u["w"].tolist()]    # the first Adam step is -lr * sign(g)
+      [-0.1, 0.1]
     """
     _check_scalar("adamw(learning_rate)", learning_rate)
     if not 0.0 <= b1 < 1.0 or not 0.0 <= b2 < 1.0:

@@ -68,6 +68,15 @@ class GradientTransformation(NamedTuple):
         transform of :mod:`yolo_func.optim` raises ``TypeError`` on any other keyword (a few
         document more, e.g. :func:`yolo_func.optim.apply_if_finite`'s ``finite``); a transform of
         your own must accept ``iteration`` too, since the training step's guard passes it.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.chain(optim.scale(2.0), optim.scale_by_learning_rate(0.1))   # a GradientTransformation
+      >>> u, s = tx.update({"w": torch.ones(2)}, tx.init(p), p)
+      >>> optim.apply_updates(p, u)["w"]
+      tensor([0.8000, 0.8000])
     """
 
     init: Callable[[Params], OptState]
@@ -75,7 +84,15 @@ class GradientTransformation(NamedTuple):
 
 
 class EmptyState(NamedTuple):
-    """State of a stateless transform (no fields, no tensors)."""
+    """State of a stateless transform (no fields, no tensors).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> optim.scale(2.0).init(p)
+      EmptyState()
+    """
 
 
 def identity() -> GradientTransformation:
@@ -124,6 +141,14 @@ def apply_updates(params: Params, updates: Updates) -> Params:
 
     Raises:
       ValueError: the two trees differ in structure (paths listed).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> new = optim.apply_updates(p, {"w": torch.full((2,), -0.5)})
+      >>> new["w"], p["w"]                             # the input is untouched
+      (tensor([0.5000, 0.5000]), tensor([1., 1.]))
     """
     p, u, treedef = _check_same_structure("apply_updates", params, updates, ("params", "updates"))
     if not p:
@@ -147,6 +172,14 @@ def apply_updates_(params: Params, updates: Updates) -> Params:
 
     Raises:
       ValueError: the two trees differ in structure (paths listed).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> same = optim.apply_updates_(p, {"w": torch.full((2,), -0.5)})
+      >>> same["w"] is p["w"], p["w"]
+      (True, tensor([0.5000, 0.5000]))
     """
     p, u, _ = _check_same_structure("apply_updates_", params, updates, ("params", "updates"))
     if p:

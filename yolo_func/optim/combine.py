@@ -60,6 +60,14 @@ class PartitionState(NamedTuple):
     Attributes:
       inner_states: ``{label: state}``; each inner transform sees a flat ``{path: leaf}`` dict of
         its own leaves (paths as in :func:`yolo_func.tree.tree_paths`).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.partition({"a": optim.sgd(0.1), "b": optim.sgd(0.2)}, {"w": "a"})
+      >>> sorted(tx.init(p).inner_states)
+      ['a', 'b']
     """
 
     inner_states: dict

@@ -28,6 +28,14 @@ class EmaState(NamedTuple):
     Attributes:
       count: int64[] EMA updates so far (the reference's ``updates``).
       ema: the averaged tree (same structure as the model tree it was built from).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> s = optim.ema().init(p)
+      >>> int(s.count), s.ema["w"]
+      (0, tensor([1., 1.]))
     """
 
     count: torch.Tensor
@@ -40,6 +48,16 @@ class Ema(NamedTuple):
     Attributes:
       init: ``(model) -> EmaState``; the EMA starts as a copy of the model.
       update: ``(model, state, stepped=None) -> EmaState``; ``stepped`` is a bool[] device flag.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> e = optim.ema(decay=0.5, tau=1e-9)        # an Ema(init, update) pair
+      >>> s = e.init(p)
+      >>> s = e.update({"w": torch.full((2,), 3.0)}, s)
+      >>> s.ema["w"]                                 # 0.5 * 1 + 0.5 * 3
+      tensor([2., 2.])
     """
 
     init: Callable[[Any], EmaState]
@@ -55,6 +73,11 @@ def ema_decay(count: torch.Tensor | int, decay: float = 0.9999, tau: float = 200
 
     Returns:
       float64[] on the count's device: d(1) = 4.998e-4, d(2000) = 0.632057, d(10000) = 0.993163.
+
+    Example:
+      >>> from yolo_func.optim import ema_decay
+      >>> round(float(ema_decay(0)), 4), round(float(ema_decay(2000)), 4), round(float(ema_decay(10 ** 6)), 4)
+      (0.0, 0.6321, 0.9999)
     """
     u = count.to(torch.float64) if isinstance(count, torch.Tensor) else torch.tensor(float(count), dtype=torch.float64)
     return decay * (1 - torch.exp(-u / tau))

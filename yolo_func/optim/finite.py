@@ -45,6 +45,14 @@ class ApplyIfFiniteState(NamedTuple):
         accumulating micro-steps). The EMA moves only when it is true.
       inner_state: the wrapped transform's state, as of the latest applied call (its own
         ``stepped`` field, if any, is the latest *applied* call's).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> s = optim.apply_if_finite(optim.sgd(0.1)).init(p)
+      >>> type(s).__name__, int(s.count), int(s.notfinite_count), bool(s.stepped)
+      ('ApplyIfFiniteState', 0, 0, True)
     """
 
     count: torch.Tensor

@@ -51,6 +51,15 @@ def schedule_memo() -> Iterator[None]:
 
     Scoped to a block, never global: a step counter that is updated in place between updates (the
     static carry of a captured step) cannot hand back a stale value.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.optim import memoized, schedule_memo
+      >>> f = memoized(lambda step: step * 2.0)
+      >>> with schedule_memo():
+      ...     a = f(torch.tensor(1.0)); b = f(torch.tensor(1.0))
+      >>> a, b                                      # two step tensors: two evaluations
+      (tensor(2.), tensor(2.))
     """
     token = _MEMO.set({})
     try:
@@ -70,6 +79,20 @@ def memoized(schedule: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torc
 
     Returns:
       A schedule with the same values.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.optim import memoized, schedule_memo
+      >>> calls = []
+      >>> def lr(step):
+      ...     calls.append(1)
+      ...     return 0.1 * torch.ones_like(step, dtype=torch.float64)
+      >>> f = memoized(lr)
+      >>> step = torch.tensor(3)
+      >>> with schedule_memo():
+      ...     _ = f(step), f(step)                     # evaluated once for this step tensor
+      >>> len(calls)
+      1
     """
     @functools.wraps(schedule)
     def wrapped(step: torch.Tensor) -> torch.Tensor:
@@ -98,6 +121,14 @@ def share_schedules(tx: GradientTransformation) -> GradientTransformation:
       A :class:`GradientTransformation` with ``tx``'s init and state. ``update`` forwards its
       keywords to ``tx`` unchanged: the keywords it accepts are ``tx``'s, and ``tx`` raises
       ``TypeError`` on the others.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.share_schedules(optim.sgd(0.1))    # same results; memoized schedules run once a step
+      >>> tx.update({"w": torch.ones(2)}, tx.init(p), p)[0]["w"]
+      tensor([-0.1000, -0.1000])
     """
     if not isinstance(tx, GradientTransformation):
         raise TypeError(f"[yolo_func] share_schedules(tx) must be a GradientTransformation, got {type(tx).__name__}")
@@ -127,6 +158,13 @@ def linear_lf(lrf: float, epochs: int) -> Callable[[torch.Tensor], torch.Tensor]
 
     Returns:
       ``lf(epoch: int or float tensor []) -> float64[]``; lf(0) = 1, lf(E) = lrf.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.optim import linear_lf
+      >>> lf = linear_lf(lrf=0.01, epochs=10)
+      >>> [round(float(lf(torch.tensor(e, dtype=torch.float64))), 4) for e in (0, 5, 10)]
+      [1.0, 0.505, 0.01]
     """
     _check_epochs(epochs)
     one_minus_lrf = 1.0 - float(lrf)
@@ -147,6 +185,13 @@ def cosine_lf(lrf: float, epochs: int) -> Callable[[torch.Tensor], torch.Tensor]
 
     Returns:
       ``lf(epoch) -> float64[]``; lf(0) = 1, lf(E/2) = (1 + lrf)/2, lf(E) = lrf.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.optim import cosine_lf
+      >>> lf = cosine_lf(lrf=0.01, epochs=10)
+      >>> [round(float(lf(torch.tensor(e, dtype=torch.float64))), 4) for e in (0, 5, 10)]
+      [1.0, 0.505, 0.01]
     """
     _check_epochs(epochs)
     lrf_minus_one = float(lrf) - 1.0
@@ -176,6 +221,12 @@ def interp_warmup(x: torch.Tensor, end: int, start_value: torch.Tensor | float, 
 
     Returns:
       float64[] (values for ``x > end`` are meaningless; callers select with ``torch.where``).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.optim import interp_warmup
+      >>> interp_warmup(torch.tensor(25.0), 100, 0.1, 0.01)       # a quarter of the way from 0.1 to 0.01
+      tensor(0.0775, dtype=torch.float64)
     """
     xf = _as64(x)
     y0 = _as64(start_value, xf.device)
@@ -188,6 +239,11 @@ def warmup_iterations(warmup_epochs: float, epochs: int, batches_per_epoch: int)
     """``nw = round(min(warmup_epochs, max(E - 1, 0)) * nb)``, 0 if ``warmup_epochs <= 0``.
 
     Python ``round`` (half to even), as the reference (8.4.190: no 100-iteration minimum).
+
+    Example:
+      >>> from yolo_func.optim import warmup_iterations
+      >>> warmup_iterations(3.0, epochs=100, batches_per_epoch=50), warmup_iterations(3.0, epochs=2, batches_per_epoch=50)
+      (150, 50)
     """
     if warmup_epochs <= 0:
         return 0
@@ -203,6 +259,15 @@ class YoloSchedules(NamedTuple):
       accumulate: int64[] micro-batches per optimizer step (for :func:`multi_steps`).
       lf: the epoch factor ``lf(epoch) -> float64[]``.
       warmup_iters: nw (Python int).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.optim import yolo_schedules
+      >>> sch = yolo_schedules(lr0=0.01, lrf=0.01, epochs=10, batches_per_epoch=100)
+      >>> sorted(sch.lr), sch.warmup_iters
+      (['bias', 'decay', 'no_decay'], 300)
+      >>> round(float(sch.lr["bias"](torch.tensor(0))), 4), int(sch.accumulate(torch.tensor(0)))    # warmup starts at warmup_bias_lr
+      (0.1, 1)
     """
 
     lr: dict

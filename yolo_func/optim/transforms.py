@@ -64,6 +64,15 @@ class TraceState(NamedTuple):
     Attributes:
       count: int64[] updates so far.
       momentum: the momentum buffers, same tree as params (zeros before the first step).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.trace(decay=0.9)
+      >>> _, s = tx.update({"w": torch.ones(2)}, tx.init(p))
+      >>> int(s.count), s.momentum["w"]
+      (1, tensor([1., 1.]))
     """
 
     count: torch.Tensor
@@ -75,6 +84,15 @@ class ScaleByScheduleState(NamedTuple):
 
     Attributes:
       count: int64[] updates so far.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.scale_by_schedule(lambda step: 1.0 / (step + 1))
+      >>> _, s = tx.update({"w": torch.ones(2)}, tx.init(p))
+      >>> int(s.count)
+      1
     """
 
     count: torch.Tensor
@@ -87,6 +105,14 @@ class ScaleByAdamState(NamedTuple):
       count: int64[] updates so far (torch's ``state["step"]`` before the increment).
       mu: first moments (torch ``exp_avg``), same tree as params.
       nu: second moments (torch ``exp_avg_sq``), same tree as params.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> s = optim.scale_by_adam().init(p)
+      >>> int(s.count), s.mu["w"], s.nu["w"]
+      (0, tensor([0., 0.]), tensor([0., 0.]))
     """
 
     count: torch.Tensor
@@ -100,6 +126,15 @@ class ClipByGlobalNormState(NamedTuple):
     Attributes:
       norm: float[] the total gradient norm seen by the last update (before clipping); a free
         metric for the training loop (stays on the device).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.clip_by_global_norm(1.0)
+      >>> _, s = tx.update({"w": torch.tensor([3.0, 4.0])}, tx.init(p), p)
+      >>> s.norm                                    # the norm before clipping, float32[]
+      tensor(5.)
     """
 
     norm: torch.Tensor
@@ -175,6 +210,15 @@ def add_decayed_weights(weight_decay: float) -> GradientTransformation:
 
     Returns:
       A stateless :class:`GradientTransformation`; ``update`` requires ``params``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.add_decayed_weights(0.5)
+      >>> u, _ = tx.update({"w": torch.zeros(2)}, tx.init(p), p)
+      >>> u["w"]                                      # g + 0.5 * params
+      tensor([0.5000, 0.5000])
     """
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)):
         raise TypeError(f"[yolo_func] add_decayed_weights(weight_decay) must be a float, got {type(weight_decay).__name__}")
@@ -204,6 +248,14 @@ def scale(factor: float) -> GradientTransformation:
 
     Returns:
       A stateless :class:`GradientTransformation`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.scale(-2.0)
+      >>> tx.update({"w": torch.ones(2)}, tx.init(p))[0]["w"]
+      tensor([-2., -2.])
     """
     return _scale(factor, "scale")
 
@@ -234,6 +286,17 @@ def scale_by_schedule(schedule: Schedule) -> GradientTransformation:
 
     Returns:
       A :class:`GradientTransformation` with :class:`ScaleByScheduleState`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.scale_by_schedule(lambda step: 0.5 ** (step + 1))
+      >>> s = tx.init(p)
+      >>> u, s = tx.update({"w": torch.ones(2)}, s)
+      >>> u2, s = tx.update({"w": torch.ones(2)}, s)
+      >>> u["w"], u2["w"]
+      (tensor([0.5000, 0.5000]), tensor([0.2500, 0.2500]))
     """
     if not callable(schedule):
         raise TypeError(f"[yolo_func] scale_by_schedule needs a callable schedule, got {type(schedule).__name__}")
@@ -266,6 +329,14 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> GradientTransform
 
     Returns:
       A stateless transform for a float, a :func:`scale_by_schedule` for a schedule.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.scale_by_learning_rate(0.1)
+      >>> tx.update({"w": torch.ones(2)}, tx.init(p))[0]["w"]
+      tensor([-0.1000, -0.1000])
     """
     _check_scalar("learning_rate", learning_rate)
     if _is_schedule(learning_rate):
@@ -334,6 +405,15 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Grad
 
     Returns:
       A :class:`GradientTransformation` with :class:`ScaleByAdamState`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.scale_by_adam()
+      >>> u, s = tx.update({"w": torch.tensor([2.0, -3.0])}, tx.init(p))
+      >>> [round(x, 4) for x in u["w"].tolist()], int(s.count)    # the first direction is sign(g)
+      ([1.0, -1.0], 1)
     """
     return _adam(b1, b2, eps, None, 0.0, "scale_by_adam")
 
@@ -356,6 +436,15 @@ def scale_by_adamw(
     Returns:
       A :class:`GradientTransformation` with :class:`ScaleByAdamState`; ``update`` needs ``params``
       when ``weight_decay != 0``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.scale_by_adamw(0.1, weight_decay=0.0)
+      >>> u, _ = tx.update({"w": torch.tensor([1.0, -2.0])}, tx.init(p), p)
+      >>> [round(x, 4) for x in u["w"].tolist()]
+      [-0.1, 0.1]
     """
     return _adam(b1, b2, eps, learning_rate, weight_decay, "scale_by_adamw")
 
@@ -373,6 +462,12 @@ def global_norm(tree: Any) -> torch.Tensor:
 
     Returns:
       float[] on the first leaf's device (0 for an empty tree).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.optim import global_norm
+      >>> global_norm({"a": torch.tensor([3.0]), "b": {"c": torch.tensor([4.0])}})
+      tensor(5.)
     """
     leaves = T.tree_leaves(tree)
     if not leaves:
@@ -393,6 +488,15 @@ def clip_by_global_norm(max_norm: float = 10.0) -> GradientTransformation:
 
     Returns:
       A :class:`GradientTransformation` with :class:`ClipByGlobalNormState` (the last pre-clip norm).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import optim
+      >>> p = {"w": torch.ones(2)}
+      >>> tx = optim.clip_by_global_norm(1.0)
+      >>> u, _ = tx.update({"w": torch.tensor([3.0, 4.0])}, tx.init(p), p)
+      >>> u["w"]                                       # norm 5 scaled down to 1
+      tensor([0.6000, 0.8000])
     """
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not max_norm > 0:
         raise ValueError(f"[yolo_func] clip_by_global_norm(max_norm) must be a float > 0, got {max_norm!r}")

@@ -43,6 +43,12 @@ def xyxy_to_xywh(boxes: torch.Tensor) -> torch.Tensor:
 
     Returns:
       float[..., 4] (cx, cy, w, h).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import xyxy_to_xywh
+      >>> xyxy_to_xywh(torch.tensor([[8.0, 17.0, 12.0, 23.0]]))
+      tensor([[10., 20.,  4.,  6.]])
     """
     _check_last4("xyxy_to_xywh", boxes)
     x1y1, x2y2 = boxes.chunk(2, -1)
@@ -57,6 +63,12 @@ def xywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
 
     Returns:
       float[..., 4] (x1, y1, x2, y2).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import xywh_to_xyxy
+      >>> xywh_to_xyxy(torch.tensor([[10.0, 20.0, 4.0, 6.0]]))
+      tensor([[ 8., 17., 12., 23.]])
     """
     _check_last4("xywh_to_xyxy", boxes)
     xy, wh = boxes.chunk(2, -1)
@@ -72,6 +84,12 @@ def clip_boxes(boxes: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor
 
     Returns:
       float[..., 4].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import clip_boxes
+      >>> clip_boxes(torch.tensor([[-5.0, 10.0, 70.0, 40.0]]), (32, 64))       # image (H, W) = (32, 64)
+      tensor([[ 0., 10., 64., 32.]])
     """
     _check_last4("clip_boxes", boxes)
     h, w = image_size
@@ -87,6 +105,12 @@ def box_area(boxes: torch.Tensor) -> torch.Tensor:
 
     Returns:
       float[...].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import box_area
+      >>> box_area(torch.tensor([[0.0, 0.0, 4.0, 2.0], [5.0, 5.0, 1.0, 1.0]]))   # the second is inverted
+      tensor([8., 0.])
     """
     _check_last4("box_area", boxes)
     x1, y1, x2, y2 = boxes.unbind(-1)
@@ -103,6 +127,14 @@ def dist2bbox(distance: torch.Tensor, anchor_points: torch.Tensor, *, xywh: bool
 
     Returns:
       float[..., 4].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import dist2bbox
+      >>> dist2bbox(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.tensor([[5.0, 5.0]]))           # ltrb -> xyxy
+      tensor([[4., 3., 8., 9.]])
+      >>> dist2bbox(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.tensor([[5.0, 5.0]]), xywh=True)
+      tensor([[6., 6., 4., 6.]])
     """
     _check_last4("dist2bbox: distance", distance)
     if anchor_points.shape[-1] != 2:
@@ -125,6 +157,12 @@ def bbox2dist(anchor_points: torch.Tensor, bbox: torch.Tensor, reg_max: float) -
 
     Returns:
       float[..., 4].
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import bbox2dist
+      >>> bbox2dist(torch.tensor([[4.0, 4.0]]), torch.tensor([[1.0, 2.0, 30.0, 5.0]]), reg_max=16)   # grid units; clamped to 15.99
+      tensor([[ 3.0000,  2.0000, 15.9900,  1.0000]])
     """
     _check_last4("bbox2dist: bbox", bbox)
     if anchor_points.shape[-1] != 2:
@@ -142,6 +180,14 @@ def dfl_expectation(box_dist: torch.Tensor, reg_max: int = 16) -> torch.Tensor:
 
     Returns:
       float[..., 4] distances in grid units.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import dfl_expectation
+      >>> dfl_expectation(torch.zeros(1, 2, 4 * 16)).shape   # float[B, A, 4R] -> float[B, A, 4]; uniform bins -> 7.5
+      torch.Size([1, 2, 4])
+      >>> dfl_expectation(torch.zeros(1, 1, 64))[0, 0, 0].item()
+      7.5
     """
     shape = box_dist.shape[:-1]
     if box_dist.shape[-1] != 4 * reg_max:
@@ -174,6 +220,13 @@ def bbox_iou(box1: torch.Tensor, box2: torch.Tensor, *, kind: str = "iou", eps: 
 
     Raises:
       ValueError: unknown ``kind`` or a last axis that is not 4.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.losses import bbox_iou
+      >>> a, b = torch.tensor([[0.0, 0.0, 2.0, 2.0]]), torch.tensor([[1.0, 0.0, 3.0, 2.0]])
+      >>> bbox_iou(a, b), bbox_iou(a, a, kind="ciou")        # float[...]
+      (tensor([0.3333]), tensor([1.]))
     """
     if kind not in _IOU_KINDS:
         raise ValueError(f"[yolo_func] bbox_iou: kind must be one of {_IOU_KINDS}, got {kind!r}")

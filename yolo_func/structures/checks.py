@@ -66,6 +66,17 @@ def check_targets(targets: Any, *, batch_size: int | None = None, device: torch.
     Raises:
       TypeError: ``targets`` is not a :class:`Targets` or a field is not a tensor.
       ValueError: ``"[yolo_func] <name>.<field>: expected <dtype/shape>, got <dtype/shape>; <fix>"``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import Targets, check_targets
+      >>> t = Targets(torch.zeros(2, 8, 4), torch.zeros(2, 8, dtype=torch.int64), torch.zeros(2, 8, dtype=torch.bool))
+      >>> check_targets(t, batch_size=2)
+      >>> try:
+      ...     check_targets(t._replace(classes=t.classes.float()))
+      ... except ValueError as e:
+      ...     print(type(e).__name__)
+      ValueError
     """
     if not isinstance(targets, Targets):
         raise TypeError(f"[yolo_func] {name}: expected a yolo_func.structures.Targets record, got "

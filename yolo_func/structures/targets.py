@@ -67,6 +67,13 @@ class TargetsReport(NamedTuple):
       given: int64[B] boxes given per image.
       dropped: int64[B] boxes dropped per image because their clipped area is zero (wholly
         outside the image, or zero width / height); their slots stay, with ``valid=False``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import TargetsReport
+      >>> r = TargetsReport(given=torch.tensor([3, 1]), dropped=torch.tensor([1, 0]))
+      >>> (r.given - r.dropped).tolist()          # valid boxes per image
+      [2, 1]
     """
 
     given: torch.Tensor
@@ -82,6 +89,11 @@ def bucket_size(n: int, minimum: int = 8) -> int:
 
     Returns:
       int, e.g. ``bucket_size(0) == 8``, ``bucket_size(9) == 16``, ``bucket_size(16) == 16``.
+
+    Example:
+      >>> from yolo_func.structures import bucket_size
+      >>> bucket_size(0), bucket_size(9), bucket_size(16), bucket_size(3, minimum=2)
+      (8, 16, 16, 4)
     """
     if n < 0 or minimum < 1:
         raise ValueError(f"[yolo_func] bucket_size: need n >= 0 and minimum >= 1, got n={n}, minimum={minimum}")
@@ -97,6 +109,18 @@ def check_finite(**named: torch.Tensor | None) -> None:
 
     Raises:
       ValueError: ``"[yolo_func] <name> contains <n> non-finite values (NaN/inf) ..."``.
+
+    Example:
+      Args are ``float[...]`` tensors of any shape (integer tensors and None are skipped).
+
+      >>> import torch
+      >>> from yolo_func.structures import check_finite
+      >>> check_finite(loss=torch.tensor(1.0), boxes=None)
+      >>> try:
+      ...     check_finite(loss=torch.tensor(float("nan")))
+      ... except ValueError as e:
+      ...     print(str(e)[:44])
+      [yolo_func] loss contains 1 non-finite value
     """
     for name, t in named.items():
         if t is None or not torch.is_tensor(t) or not t.is_floating_point():
@@ -115,6 +139,17 @@ def validate_preds(preds: Any, name: str = "preds") -> None:
 
     Raises:
       ValueError: naming the field, e.g. ``preds.cls_logits``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import DetectPreds
+      >>> from yolo_func.structures import validate_preds
+      >>> validate_preds(DetectPreds(torch.zeros(1, 84, 64), torch.zeros(1, 84, 5)))
+      >>> try:
+      ...     validate_preds(DetectPreds(torch.zeros(1, 84, 64), torch.full((1, 84, 5), float("inf"))))
+      ... except ValueError as e:
+      ...     print("cls_logits" in str(e))
+      True
     """
     fields = preds._asdict() if hasattr(preds, "_asdict") else dict(preds)
     check_finite(**{f"{name}.{k}": v for k, v in fields.items()})
@@ -142,6 +177,17 @@ def validate_targets(t: Targets, image_size: tuple[int, int] | None = None, *, n
       ValueError: naming the offending tensor (``targets.boxes`` ...), with expected and actual
         shape / dtype, the count of non-finite values, or the image, slot and value of a bad
         class id.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import Targets, validate_targets
+      >>> t = Targets(torch.tensor([[[0.0, 0.0, 8.0, 8.0]]]), torch.tensor([[2]]), torch.tensor([[True]]))
+      >>> validate_targets(t, (64, 64), num_classes=5)
+      >>> try:
+      ...     validate_targets(t, (64, 64), num_classes=2)          # class id 2 is out of range
+      ... except ValueError as e:
+      ...     print(str(e).startswith("[yolo_func]"))
+      True
     """
     _check_num_classes(num_classes)
     check_targets(t, name="targets")
@@ -528,6 +574,14 @@ def pad_targets(t: Targets, M: int) -> Targets:
       TypeError: ``t`` is not a :class:`Targets`, or ``M`` is not an int.
       ValueError: a field of ``t`` with the wrong shape / dtype (named), or ``M`` smaller than the
         current slot count.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.structures import Targets, pad_targets
+      >>> t = Targets(torch.ones(1, 2, 4), torch.ones(1, 2, dtype=torch.int64), torch.ones(1, 2, dtype=torch.bool))
+      >>> p = pad_targets(t, 8)
+      >>> p.boxes.shape, p.valid.sum().item()
+      (torch.Size([1, 8, 4]), 2)
     """
     check_targets(t, name="t")
     if not isinstance(M, int) or isinstance(M, bool):

@@ -197,6 +197,16 @@ def assert_trees_all_close(
         dtype/device (``strict``) or in value; the message lists every failing leaf by path with
         shapes, dtypes and the max abs / rel error.
       ValueError: fewer than two trees (e.g. ``assert_trees_all_close([a, b])``).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import assert_trees_all_close
+      >>> assert_trees_all_close({"w": torch.ones(2)}, {"w": torch.ones(2) + 1e-7}, rtol=1e-6)
+      >>> try:
+      ...     assert_trees_all_close({"w": torch.ones(2)}, {"w": torch.zeros(2)})
+      ... except AssertionError as e:
+      ...     print(str(e)[:11])
+      [yolo_func]
     """
     fn = "assert_trees_all_close"
     _check_num_trees(fn, trees)
@@ -235,6 +245,16 @@ def assert_trees_all_equal(*trees: PyTree, strict: bool = False) -> None:
       AssertionError: structures, shapes, dtypes/devices (``strict``) or values differ; every failing
         leaf is named by path with the count of differing elements and the max abs difference.
       ValueError: fewer than two trees (e.g. ``assert_trees_all_equal([a, b])``).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import assert_trees_all_equal
+      >>> assert_trees_all_equal({"w": torch.ones(2)}, {"w": torch.ones(2)}, {"w": torch.ones(2)})
+      >>> try:
+      ...     assert_trees_all_equal({"w": torch.ones(2)}, {"w": torch.ones(2) * 2})
+      ... except AssertionError as e:
+      ...     print("w" in str(e))
+      True
     """
     fn = "assert_trees_all_equal"
     _check_num_trees(fn, trees)
@@ -264,6 +284,16 @@ def assert_trees_all_equal_structs(*trees: PyTree) -> None:
     Raises:
       AssertionError: with the tree diff (`` - `` only in tree 0, `` + `` only in tree i) per tree.
       ValueError: fewer than two trees.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import assert_trees_all_equal_structs
+      >>> assert_trees_all_equal_structs({"w": torch.ones(2)}, {"w": torch.zeros(7)})
+      >>> try:
+      ...     assert_trees_all_equal_structs({"w": torch.ones(2)}, {"v": torch.ones(2)})
+      ... except AssertionError as e:
+      ...     print(str(e)[:11])
+      [yolo_func]
     """
     fn = "assert_trees_all_equal_structs"
     _check_num_trees(fn, trees)
@@ -276,6 +306,18 @@ def assert_trees_all_equal_shapes(*trees: PyTree) -> None:
     Raises:
       AssertionError: structures differ (tree diff) or leaves differ in shape (each named by path).
       ValueError: fewer than two trees.
+
+    Example:
+      Leaves are tensors of any dtype; their ``shape`` is compared.
+
+      >>> import torch
+      >>> from yolo_func.testing import assert_trees_all_equal_shapes
+      >>> assert_trees_all_equal_shapes({"w": torch.ones(2)}, {"w": torch.zeros(2, dtype=torch.int64)})
+      >>> try:
+      ...     assert_trees_all_equal_shapes({"w": torch.ones(2)}, {"w": torch.ones(3)})
+      ... except AssertionError as e:
+      ...     print(str(e)[:11])
+      [yolo_func]
     """
     fn = "assert_trees_all_equal_shapes"
     _check_num_trees(fn, trees)
@@ -295,6 +337,16 @@ def assert_trees_all_equal_dtypes(*trees: PyTree) -> None:
     Raises:
       AssertionError: structures differ (tree diff) or leaves differ in dtype (each named by path).
       ValueError: fewer than two trees.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import assert_trees_all_equal_dtypes
+      >>> assert_trees_all_equal_dtypes({"w": torch.ones(2)}, {"w": torch.zeros(5)})    # shapes may differ
+      >>> try:
+      ...     assert_trees_all_equal_dtypes({"w": torch.ones(2)}, {"w": torch.ones(2).double()})
+      ... except AssertionError as e:
+      ...     print("float64" in str(e))
+      True
     """
     fn = "assert_trees_all_equal_dtypes"
     _check_num_trees(fn, trees)
@@ -316,6 +368,16 @@ def assert_tree_all_finite(tree: PyTree) -> None:
     Raises:
       AssertionError: naming each leaf with non-finite values, with counts of NaN / +inf / -inf, the
         index of the first one, and the leaf's shape and dtype.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import assert_tree_all_finite
+      >>> assert_tree_all_finite({"w": torch.ones(2)})
+      >>> try:
+      ...     assert_tree_all_finite({"w": torch.tensor([1.0, float("nan")])})
+      ... except AssertionError as e:
+      ...     print("w" in str(e))
+      True
     """
     lines = []
     for path, leaf in tree_items(tree):
@@ -359,6 +421,16 @@ def assert_tree_no_nones(tree: PyTree) -> None:
 
     Raises:
       AssertionError: naming every path that holds ``None``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import assert_tree_no_nones
+      >>> assert_tree_no_nones({"w": torch.ones(2)})
+      >>> try:
+      ...     assert_tree_no_nones({"w": torch.ones(2), "b": None})
+      ... except AssertionError as e:
+      ...     print("b" in str(e))
+      True
     """
     paths = _none_paths(tree, ())
     if paths:
@@ -444,6 +516,17 @@ def assert_shape(
       AssertionError: naming each mismatching input (``x[i]`` for lists), its shape, the pattern and
         the failing dims.
       ValueError / TypeError: a malformed pattern, or a list of patterns of the wrong length.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import assert_shape
+      >>> assert_shape(torch.zeros(2, 84, 4), (2, None, 4))           # None: any size
+      >>> assert_shape([torch.zeros(3, 4), torch.zeros(5, 4)], (..., 4))   # ...: any leading dims
+      >>> try:
+      ...     assert_shape(torch.zeros(2, 3), (2, 4))
+      ... except AssertionError as e:
+      ...     print(str(e)[:11])
+      [yolo_func]
     """
     if isinstance(x, (list, tuple)):
         items = [(f"x[{i}]", t) for i, t in enumerate(x)]
@@ -485,6 +568,14 @@ class Dimensions:
       such as ``NM`` work), ints as literal sizes, and ``None`` / ``...`` as themselves.
 
     A name set to ``None`` acts as a wildcard. Unknown names raise ``KeyError`` listing the known ones.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.testing import Dimensions, assert_shape
+      >>> dims = Dimensions(B=2, A=84, K=5)
+      >>> dims["BAK"]
+      (2, 84, 5)
+      >>> assert_shape(torch.zeros(2, 84, 5), dims["BAK"])
     """
 
     def __init__(self, **sizes: int | None) -> None:

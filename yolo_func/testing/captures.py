@@ -28,6 +28,13 @@ class CaptureCount:
 
     Attributes:
       start: :func:`yolo_func.capture.num_captures` when the block began.
+
+    Example:
+      >>> from yolo_func.testing import assert_max_captures
+      >>> with assert_max_captures(1) as c:
+      ...     pass                                            # no CUDA graph captured here
+      >>> c.count, c
+      (0, CaptureCount(0))
     """
 
     def __init__(self, start: int):
@@ -58,6 +65,13 @@ def assert_max_captures(n: int) -> Iterator[CaptureCount]:
       AssertionError: more than ``n`` captures happened (``[yolo_func] ...``, with the count). The
         block's own exception, if any, propagates unchanged instead.
       ValueError: ``n`` is not an int >= 0.
+
+    Example:
+      >>> from yolo_func.testing import assert_max_captures
+      >>> with assert_max_captures(0) as c:                  # fails at the end of the block past 0 captures
+      ...     pass
+      >>> c.count
+      0
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"[yolo_func] assert_max_captures: n must be an int >= 0, got {n!r}")

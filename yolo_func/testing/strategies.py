@@ -47,7 +47,18 @@ def _draw_size(draw, image_size) -> tuple[int, int]:
 
 
 def generators() -> st.SearchStrategy[torch.Generator]:
-    """Seeded CPU ``torch.Generator``s (a fresh one per draw; the seed is a hypothesis draw)."""
+    """Seeded CPU ``torch.Generator``s (a fresh one per draw; the seed is a hypothesis draw).
+
+    Example:
+      >>> import torch
+      >>> from hypothesis import given, settings
+      >>> from yolo_func.testing import generators
+      >>> @settings(max_examples=3, database=None)
+      ... @given(generators())
+      ... def test(gen):
+      ...     assert isinstance(gen, torch.Generator) and gen.device.type == "cpu"
+      >>> test()
+    """
     return _SEED.map(lambda s: torch.Generator().manual_seed(s))
 
 
@@ -71,6 +82,15 @@ def images(
 
     Raises:
       ValueError: a drawn ``H`` or ``W`` is not a positive multiple of 32 (YOLOv8's largest stride).
+
+    Example:
+      >>> from hypothesis import given, settings
+      >>> from yolo_func.testing import images
+      >>> @settings(max_examples=3, database=None)
+      ... @given(images(batch=2, height=64, width=32))
+      ... def test(x):                                        # float[B, 3, H, W] in [0, 1)
+      ...     assert x.shape == (2, 3, 64, 32) and bool((x >= 0).all() and (x < 1).all())
+      >>> test()
     """
     b = _draw_int(draw, "batch", batch, min_value=1)
     h = _draw_int(draw, "height", height, min_value=1)
@@ -120,6 +140,15 @@ def boxes_xyxy(
       n: number of boxes (int or strategy; 0 gives ``float32[0, 4]``).
       image_size: ``(H, W)`` in pixels, or a strategy of such tuples.
       min_size: smallest width and height in pixels, in ``(0, min(H, W)]``.
+
+    Example:
+      >>> from hypothesis import given, settings
+      >>> from yolo_func.testing import boxes_xyxy
+      >>> @settings(max_examples=5, database=None)
+      ... @given(boxes_xyxy(n=3, image_size=(64, 64)))
+      ... def test(boxes):                                    # float32[3, 4], x2 > x1, y2 > y1, inside the image
+      ...     assert boxes.shape == (3, 4) and bool((boxes[:, 2:] > boxes[:, :2]).all()) and bool((boxes <= 64).all())
+      >>> test()
     """
     k = _draw_int(draw, "n", n)
     hw = _draw_size(draw, image_size)
@@ -162,6 +191,15 @@ def padded_targets(
 
     Raises:
       ValueError: counts outside ``0..M`` or of the wrong length, bad sizes.
+
+    Example:
+      >>> from hypothesis import given, settings
+      >>> from yolo_func.testing import padded_targets
+      >>> @settings(max_examples=3, database=None)
+      ... @given(padded_targets(batch=2, max_boxes=4, num_classes=5, image_size=(64, 64)))
+      ... def test(t):                                        # Targets: boxes float[2, 4, 4], classes int64[2, 4], valid bool[2, 4]
+      ...     assert t.boxes.shape == (2, 4, 4) and int(t.classes.max()) < 5
+      >>> test()
     """
     b = _draw_int(draw, "batch", batch, min_value=1)
     m = _draw_int(draw, "max_boxes", max_boxes)

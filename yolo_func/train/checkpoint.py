@@ -59,6 +59,11 @@ class DataPosition(NamedTuple):
       epoch: the epoch in progress, 0-based (epochs ``0..epoch-1`` are complete).
       batch: batches of ``epoch`` already trained (0 at an epoch boundary).
       seed: the loader seed (order and augmentation are functions of ``(seed, epoch, index)``).
+
+    Example:
+      >>> from yolo_func.train import DataPosition
+      >>> DataPosition(epoch=3, batch=0, seed=0)            # epochs 0, 1, 2 done; epoch 3 starts at batch 0
+      DataPosition(epoch=3, batch=0, seed=0)
     """
 
     epoch: int
@@ -75,6 +80,25 @@ class TrainingCheckpoint(NamedTuple):
       position: the :class:`DataPosition` to resume from.
       rng: the RNG states (:func:`capture_rng`'s dict; pass it to :func:`restore_rng`).
       meta: plain data written with it.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train import init_train_state
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> tx = sgd(0.01, momentum=0.9)
+      >>> ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> from yolo_func.configs import get_recipe
+      >>> from yolo_func.train import DataPosition, load_training_checkpoint, save_training_checkpoint
+      >>> path = save_training_checkpoint(tmp / "last.pt", ts, config=get_recipe("yolov8n"), position=DataPosition(1, 0, 0),
+      ...                                 meta={"note": "hello"})
+      >>> ck = load_training_checkpoint(path, ts)              # a TrainingCheckpoint
+      >>> ck._fields, ck.meta["note"]
+      (('train_state', 'config', 'position', 'rng', 'meta'), 'hello')
     """
 
     train_state: TrainState
@@ -94,6 +118,16 @@ def capture_rng(generators: Mapping[str, torch.Generator] | None = None) -> dict
     Returns:
       ``{"torch": uint8[N], "cuda": [uint8[N], ...], "numpy": {...}, "python": [...],
       "generators": {name: uint8[N]}}`` (CPU tensors and plain data; a host sync for CUDA states).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.train import capture_rng, restore_rng
+      >>> gen = torch.Generator().manual_seed(0)
+      >>> rng = capture_rng({"loader": gen})
+      >>> a = torch.rand(2, generator=gen)
+      >>> restore_rng(rng, {"loader": gen})
+      >>> torch.equal(torch.rand(2, generator=gen), a)        # the same draws again
+      True
     """
     name, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
@@ -114,6 +148,15 @@ def restore_rng(rng: Mapping[str, Any], generators: Mapping[str, torch.Generator
 
     Raises:
       ValueError: a generator in ``generators`` has no saved state.
+
+    Example:
+      >>> import random
+      >>> from yolo_func.train import capture_rng, restore_rng
+      >>> rng = capture_rng()
+      >>> x = random.random()
+      >>> restore_rng(rng)
+      >>> random.random() == x                               # global Python, numpy and torch states restored
+      True
     """
     missing = [k for k in (generators or {}) if k not in rng.get("generators", {})]
     if missing:
@@ -145,6 +188,25 @@ def save_training_checkpoint(path: str | os.PathLike, train_state: TrainState, *
 
     Returns:
       The path written.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train import init_train_state
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> tx = sgd(0.01, momentum=0.9)
+      >>> ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> from yolo_func.configs import get_recipe
+      >>> from yolo_func.train import DataPosition, read_training_checkpoint, save_training_checkpoint
+      >>> cfg = get_recipe("yolov8n")
+      >>> path = save_training_checkpoint(tmp / "last.pt", ts, config=cfg, position=DataPosition(1, 0, 0))
+      >>> config, position, meta = read_training_checkpoint(path)
+      >>> config == cfg, position
+      (True, DataPosition(epoch=1, batch=0, seed=0))
     """
     return write_checkpoint_payload(path, training_payload(train_state, config=config, position=position, rng=rng,
                                                            meta=meta))
@@ -183,6 +245,24 @@ def read_training_checkpoint(path: str | os.PathLike) -> tuple[Config, DataPosit
 
     Raises:
       ValueError: not a training checkpoint (see :func:`load_training_checkpoint`).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train import init_train_state
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> tx = sgd(0.01, momentum=0.9)
+      >>> ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> from yolo_func.configs import get_recipe
+      >>> from yolo_func.train import DataPosition, read_training_checkpoint, save_training_checkpoint
+      >>> path = save_training_checkpoint(tmp / "last.pt", ts, config=get_recipe("yolov8n"), position=DataPosition(2, 5, 0))
+      >>> config, position, meta = read_training_checkpoint(path)    # no template needed
+      >>> config.model.scale, position.epoch, position.batch
+      ('n', 2, 5)
     """
     path = Path(path)
     payload = read_checkpoint(path)
@@ -222,6 +302,27 @@ def load_training_checkpoint(path: str | os.PathLike, template: TrainState, *, c
       ValueError: a truncated / damaged / foreign file, a weights-only checkpoint, another format
         version, a checkpoint of another model or task, or a tree that does not fit the template
         (paths listed); every message names the file.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train import init_train_state
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> tx = sgd(0.01, momentum=0.9)
+      >>> ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> tmp = Path(tempfile.mkdtemp())
+      >>> from yolo_func.configs import get_recipe
+      >>> from yolo_func.testing import assert_trees_all_equal
+      >>> from yolo_func.train import DataPosition, load_training_checkpoint, save_training_checkpoint
+      >>> cfg = get_recipe("yolov8n")
+      >>> path = save_training_checkpoint(tmp / "last.pt", ts, config=cfg, position=DataPosition(1, 0, 0))
+      >>> ck = load_training_checkpoint(path, ts)              # ts is the template (structure, devices, dtypes)
+      >>> assert_trees_all_equal(ck.train_state, ts)
+      >>> ck.position, ck.config == cfg
+      (DataPosition(epoch=1, batch=0, seed=0), True)
     """
     path = Path(path)
     payload = read_checkpoint(path)

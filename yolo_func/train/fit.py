@@ -93,6 +93,11 @@ class FitResult(NamedTuple):
       coco: pycocotools' numbers of the latest validation whose background evaluation finished
         (``{"bbox": {"AP", "AP50", ...}[, "segm"][, "keypoints"]}``, as :func:`yolo_func.eval.evaluate`
         gives them; after a completed run: the last epoch's), or None (``val.coco`` off, or none finished).
+
+    Example:
+      >>> from yolo_func.train import FitResult
+      >>> FitResult._fields                                 # result = fit(config); result.run_dir, result.best, ...
+      ('run_dir', 'train_state', 'epochs_done', 'steps', 'stopped', 'best', 'metrics', 'coco')
     """
 
     run_dir: Path
@@ -115,6 +120,14 @@ class StepInfo(NamedTuple):
       train_state: the new :class:`TrainState` (at replay levels: static buffers; read, do not keep).
       batch: the host :class:`Batch` that was trained on (uint8 images, targets).
       metrics: the step's device metrics (fetch or clone them before the next step).
+
+    Example:
+      >>> from yolo_func.train import StepInfo
+      >>> StepInfo._fields                                  # what fit(on_step=...) passes after every step
+      ('step', 'epoch', 'batch_index', 'train_state', 'batch', 'metrics')
+      >>> def stop_after_3(info):
+      ...     if info.step >= 3:
+      ...         raise KeyboardInterrupt                   # stops fit() as Ctrl-C does (last.pt saved)
     """
 
     step: int

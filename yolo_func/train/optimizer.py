@@ -23,7 +23,15 @@ __all__ = ["YoloOptimizer", "yolo_sgd"]
 
 
 class YoloOptimizer(NamedTuple):
-    """The transform and the schedules it reads (for logging ``lr`` / ``momentum`` / ``accumulate``)."""
+    """The transform and the schedules it reads (for logging ``lr`` / ``momentum`` / ``accumulate``).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.train import yolo_sgd
+      >>> opt = yolo_sgd(batch_size=4, batches_per_epoch=10, epochs=5)
+      >>> opt.accumulate, round(float(opt.schedules.lr["bias"](torch.tensor(0))), 3)   # 64 / 4; warmup_bias_lr
+      (16, 0.1)
+    """
 
     tx: GradientTransformation
     schedules: YoloSchedules
@@ -59,6 +67,12 @@ def yolo_sgd(
 
     Returns:
       :class:`YoloOptimizer`.
+
+    Example:
+      >>> from yolo_func.train import yolo_sgd
+      >>> opt = yolo_sgd(batch_size=16, batches_per_epoch=100, epochs=10)   # a YoloOptimizer
+      >>> opt.accumulate, opt.weight_decay, opt.schedules.warmup_iters
+      (4, 0.0005, 300)
     """
     acc = nominal_accumulate(batch_size, nbs)
     wd = scaled_weight_decay(weight_decay, batch_size, acc, nbs)

@@ -134,6 +134,17 @@ class RunDir:
     Raises:
       ValueError: ``path`` exists, is not empty and is not a run folder (no ``config.json``), or an
         existing ``results.csv`` has other columns (another task).
+
+    Example:
+      >>> import tempfile
+      >>> from pathlib import Path
+      >>> from yolo_func.configs import get_recipe
+      >>> from yolo_func.train import RunDir
+      >>> run = RunDir(Path(tempfile.mkdtemp()) / "exp", task="detect")
+      >>> run.write_config(get_recipe("yolov8n")).name
+      'config.json'
+      >>> sorted(p.name for p in run.path.iterdir()), run.resumable
+      (['config.json', 'weights'], False)
     """
 
     def __init__(self, path: str | os.PathLike, *, task: str):

@@ -22,6 +22,19 @@ class TrainState(NamedTuple):
       ema: the EMA transform's state (averaged params and BN statistics), or ``None``.
       step: int64[] on the device: micro-batches seen (the reference's global iteration ``ni``).
       skipped: int64[] on the device: steps skipped because the loss or gradients were not finite.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train import init_train_state
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> tx = sgd(0.01, momentum=0.9)
+      >>> ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
+      >>> type(ts).__name__, ts._fields
+      ('TrainState', ('params', 'state', 'opt_state', 'ema', 'step', 'skipped'))
+      >>> int(ts.step), int(ts.skipped), ts.step.dtype, ts.ema is None
+      (0, 0, torch.int64, True)
     """
 
     params: dict

@@ -342,6 +342,21 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
     Returns:
       ``(new TrainState, metrics)``: metrics hold ``loss/<head>/<part>`` (the reference's loss
       items), ``feat_grad_norm/<head>``, ``loss``, ``grad_norm``, ``finite``, ``stepped``, ``step``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train import init_train_state
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> tx = sgd(0.01, momentum=0.9)
+      >>> ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
+      >>> from yolo_func.testing.synthetic import synthetic_batch
+      >>> from yolo_func.train import train_step
+      >>> batch = synthetic_batch("detect", 2, 64, num_classes=5)    # Batch(images uint8[2, 3, 64, 64], targets)
+      >>> ts2, metrics = train_step(ts, batch, model=model, tx=tx)
+      >>> int(ts2.step), int(ts.step), bool(metrics["finite"]), sorted(k for k in metrics if k.startswith("loss/"))[:3]
+      (1, 0, True, ['loss/detect/box', 'loss/detect/cls', 'loss/detect/dfl'])
     """
     check_batch(batch, in_channels=model.in_channels)  # metadata only: no host sync, safe under capture
     images = batch.images
@@ -370,6 +385,19 @@ def init_train_state(model: Model, tx, gen: torch.Generator, *, device: torch.de
       tx: the optimizer (any :class:`yolo_func.optim.GradientTransformation`).
       channels_last: lay 4-D parameters out NHWC; defaults to True on CUDA, False elsewhere.
       params, state: start from these trees (e.g. converted reference weights) instead of ``init``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train import init_train_state
+      >>> model = yolov8("n", task="detect", num_classes=5)
+      >>> tx = sgd(0.01, momentum=0.9)
+      >>> ts = init_train_state(model, tx, torch.Generator().manual_seed(0))
+      >>> sorted(ts.params), type(ts.opt_state).__name__
+      (['heads', 'network'], 'ApplyIfFiniteState')
+      >>> ts.params["network"]["backbone"]["stem"]["conv"]["weight"].device.type
+      'cpu'
     """
     device = torch.device(device)
     if channels_last is None:
