@@ -87,6 +87,15 @@ def _train(args: argparse.Namespace) -> int:
     (``last.pt`` is saved: run the same command again to resume)."""
     from yolo_func.configs import FLAGS, build_config
 
+    if args.devices is not None:
+        from yolo_func.train import distributed as D
+
+        devices = D.parse_devices(args.devices)
+        if D.env_world() is None and len(devices) > 1:  # start torchrun; each worker runs this command without --devices
+            cpu = (args.device or "").startswith("cpu")
+            return D.launch(len(devices) if cpu else devices, ["train", *_without_devices(args.argv)], cpu=cpu)
+        if D.env_world() is None and len(devices) == 1 and not (args.device or "").startswith("cpu"):
+            args.device = f"cuda:{devices[0]}"
     flags = {name: getattr(args, name) for name in FLAGS}
     overrides = list(args.overrides) + (["train.resume=true"] if args.resume else [])
     config = build_config(args.model, flags=flags, overrides=overrides, config_file=args.config)
@@ -98,6 +107,19 @@ def _train(args: argparse.Namespace) -> int:
         print("interrupted twice: stopped without saving (weights/last.pt is the previous checkpoint)", file=sys.stderr)
         return 130
     return 130 if result.stopped == "interrupted" else 0
+
+
+def _without_devices(argv: list[str]) -> list[str]:
+    """The train command's arguments without ``--devices X`` / ``--devices=X``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--devices":
+            skip = True
+        elif not a.startswith("--devices="):
+            out.append(a)
+    return out
 
 
 def _add_train(sub) -> None:
@@ -121,6 +143,9 @@ def _add_train(sub) -> None:
                        help="a .py file defining get_config() (e.g. a copy of a yolo_func/configs recipe) or a "
                             "run's config.json, instead of --model")
     train.add_argument("--resume", action="store_true", help="resume the latest run of the task (train.resume=true)")
+    train.add_argument("--devices", default=None, metavar="0,1,...",
+                       help="data-parallel training on these GPUs: starts torchrun with one process per device "
+                            "(with --device cpu: that many gloo CPU processes); see docs/distributed.md")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr0=0.02")
 
 
@@ -155,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         # parse_known_args: ``key=value`` overrides may come before, between or after the flags
         # (``train optim.lr0=0.02 --epochs 3 data.workers=0``); argparse alone takes one run of them.
         args, extra = parser.parse_known_args(argv)
+        args.argv = list(sys.argv[2:] if argv is None else argv[1:])  # the command's own arguments (--devices relaunches them)
         if args.command == "train" and all("=" in t and not t.startswith("-") for t in extra):
             args.overrides = [*args.overrides, *extra]
         elif extra:
@@ -172,4 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # torchrun workers (``-m yolo_func.cli``): @record writes an uncaught exception's traceback to
+    # the file torchrun's agent reads, so the job's failure report shows the failing rank's error
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    sys.exit(record(main)())

@@ -442,6 +442,8 @@ class TrainConfig:
     name: str = _opt("exp", "run name under runs/<task>/ (exp, exp2, ... when taken)", pattern=re.compile(r"^[\w.+-]+$"))
     resume: bool = _opt(False, "resume the most recent run of this task (when train.out is not given)")
     plots: bool = _opt(True, "write PNG plots (needs matplotlib: pip install 'yolo_func[plots]')")
+    sync_bn: bool = _opt(False, "data-parallel runs (torchrun / --devices): BN batch statistics over every rank's batch "
+                              "(SyncBN; the network runs eagerly: collectives cannot sit inside the replayed graphs)")
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -138,9 +138,11 @@ class _TrainBatches:
     """Map-style source whose item ``(epoch, b)`` is the b-th batch of that epoch (runs in workers)."""
 
     def __init__(self, source: _Source, *, batch_size: int, image_size: int, seed: int, epochs: int | None,
-                 cfg: AugmentConfig, shuffle: bool, max_boxes: int | None, mask_ratio: int):
+                 cfg: AugmentConfig, shuffle: bool, max_boxes: int | None, mask_ratio: int, rank: int = 0,
+                 world_size: int = 1):
         self.source, self.batch_size, self.image_size, self.seed = source, batch_size, image_size, seed
         self.epochs, self.cfg, self.shuffle, self.max_boxes, self.mask_ratio = epochs, cfg, shuffle, max_boxes, mask_ratio
+        self.rank, self.world_size = rank, world_size
         self._perm: tuple[int, np.ndarray] | None = None
 
     def permutation(self, epoch: int) -> np.ndarray:
@@ -153,7 +155,9 @@ class _TrainBatches:
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[Batch, dict[int, str]]:
         epoch, b = key
-        idxs = self.permutation(epoch)[b * self.batch_size:(b + 1) * self.batch_size]
+        # global batch b is perm[b*W*B:(b+1)*W*B]; this rank trains its r-th slice of B indices
+        first = (b * self.world_size + self.rank) * self.batch_size
+        idxs = self.permutation(epoch)[first:first + self.batch_size]
         before = dict(self.source.errors)
         loaded = {}
         for i in idxs:
@@ -170,7 +174,7 @@ class _TrainBatches:
         return collate(items, max_boxes=self.max_boxes), new
 
     def __len__(self) -> int:
-        return len(self.source.dataset) // self.batch_size
+        return len(self.source.dataset) // (self.batch_size * self.world_size)
 
 
 class _Epoch:
@@ -186,20 +190,24 @@ class _EpochSampler(Sampler):
     """Yields ``(epoch, b)`` from the loader's current epoch (read in the main process); with
     ``endless`` it goes on into the following epochs, so the workers prefetch across epoch ends."""
 
-    def __init__(self, epoch: _Epoch, n_batches: int, endless: bool = False):
+    def __init__(self, epoch: _Epoch, n_batches: int, endless: bool = False, shard: tuple[int, int] = (0, 1)):
         self.epoch, self.n_batches, self.endless = epoch, n_batches, endless
+        self.shard = shard  # (rank, world): yield only the batches b with b % world == rank
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         e, first = self.epoch.value, self.epoch.start
+        rank, world = self.shard
         while True:
             for b in range(first, self.n_batches):
-                yield e, b
+                if b % world == rank:
+                    yield e, b
             if not self.endless:
                 return
             e, first = e + 1, 0
 
     def __len__(self) -> int:
-        return self.n_batches
+        rank, world = self.shard
+        return len(range(rank, self.n_batches, world))
 
 
 def _dataloader(source: Any, sampler: Sampler, *, workers: int, pin_memory: bool | None, prefetch_factor: int,
@@ -246,6 +254,15 @@ class TrainLoader:
       pin_memory: default True when CUDA is available.
       prefetch_factor: batches prefetched per worker (2).
       persistent_workers: keep the workers between epochs (True).
+      rank, world_size: data-parallel training (:mod:`yolo_func.train.distributed`): the epoch's
+        permutation (from ``(seed, epoch)``, the same on every rank) is cut into global batches of
+        ``world_size * batch_size`` indices and this rank yields the ``rank``-th slice of
+        ``batch_size`` of each, so ``len(loader) = len(dataset) // (world_size * batch_size)`` on
+        every rank and the ranks' batches together are the one-process loader's batches of
+        ``world_size * batch_size`` (same indices in the same order). Each record's augmentation is
+        drawn from ``(seed, epoch, index)`` whatever the rank, so a record gets the same pixels on
+        any number of ranks; only mosaic partners (drawn from the rank's own ``batch_size``
+        images) depend on the split. Defaults ``(0, 1)``: one process.
 
     Attributes:
       epoch: the epoch the next iteration yields.
@@ -264,12 +281,15 @@ class TrainLoader:
                  cache: bool | str | None = False, seed: int = 0, task: str | None = None,
                  augment: AugmentConfig | None = None, epochs: int | None = None, shuffle: bool = True,
                  max_boxes: int | None = None, mask_ratio: int = 4, pin_memory: bool | None = None,
-                 prefetch_factor: int = 2, persistent_workers: bool = True):
+                 prefetch_factor: int = 2, persistent_workers: bool = True, rank: int = 0, world_size: int = 1):
         if image_size % 32 or image_size <= 0:
             raise ValueError(f"[yolo_func] image_size: expected a positive multiple of 32, got {image_size}")
-        if batch_size < 1 or len(dataset) < batch_size:
-            raise ValueError(f"[yolo_func] batch_size: expected 1 <= batch_size <= len(dataset)={len(dataset)} "
-                             f"(drop_last needs one full batch), got {batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"[yolo_func] TrainLoader: expected 0 <= rank < world_size, got rank={rank}, "
+                             f"world_size={world_size}")
+        if batch_size < 1 or len(dataset) < batch_size * world_size:
+            raise ValueError(f"[yolo_func] batch_size: expected 1 <= batch_size * world_size <= len(dataset)={len(dataset)} "
+                             f"(drop_last needs one full global batch), got batch_size={batch_size}, world_size={world_size}")
         if workers < 0:
             raise ValueError(f"[yolo_func] workers: expected >= 0, got {workers}")
         self.task = _resolve_task(dataset, task)
@@ -291,7 +311,8 @@ class TrainLoader:
             _report(self.skipped, self._source.errors)
         self._batches = _TrainBatches(self._source, batch_size=batch_size, image_size=image_size, seed=seed,
                                       epochs=epochs, cfg=cfg, shuffle=shuffle, max_boxes=max_boxes,
-                                      mask_ratio=mask_ratio)
+                                      mask_ratio=mask_ratio, rank=rank, world_size=world_size)
+        self.rank, self.world_size = rank, world_size
         batches, sampler = self._batches, _EpochSampler(self._epoch, len(self._batches), endless=True)
         # (no reference to self in here: a cycle would leave the workers' shutdown to the collector)
         self._new_loader = lambda: _dataloader(batches, sampler, workers=workers, pin_memory=pin_memory,
@@ -520,6 +541,9 @@ class ValLoader:
         dataset has it, else every image is read once at construction (``workers`` threads).
       stride, pad: rect batch rounding (32, 0.5).
       pin_memory: default True when CUDA is available.
+      shard: ``(rank, world_size)``: iterate only the rect batches ``b`` with ``b % world_size ==
+        rank`` (validation sharded over data-parallel ranks; ``len`` counts this shard's batches).
+        Default ``(0, 1)``: every batch.
 
     Bad samples: an image whose reading raises is left out of its batch (not replaced: a copy would
     be evaluated twice), counted in ``skipped`` and warned about once with the dataset's message.
@@ -535,8 +559,12 @@ class ValLoader:
 
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 4,
                  task: str | None = None, shapes: Sequence[tuple[int, int]] | np.ndarray | None = None,
-                 stride: int = 32, pad: float = 0.5, pin_memory: bool | None = None):
+                 stride: int = 32, pad: float = 0.5, pin_memory: bool | None = None, shard: tuple[int, int] = (0, 1)):
         self.task = _resolve_task(dataset, task)
+        rank, world = shard
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"[yolo_func] ValLoader: shard must be (rank, world_size) with 0 <= rank < world_size, got {shard}")
+        self.shard = (int(rank), int(world))
         if shapes is None:
             shapes = getattr(dataset, "image_shapes", None)
         self._source = _Source(dataset, self.task, image_size)
@@ -550,7 +578,8 @@ class ValLoader:
         self.skipped: dict[int, str] = {}
         _report(self.skipped, self._source.errors)
         self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size)
-        self._loader = _dataloader(self._batches, _EpochSampler(_Epoch(), len(self._batches)), workers=workers,
+        self._sampler = _EpochSampler(_Epoch(), len(self._batches), shard=self.shard)
+        self._loader = _dataloader(self._batches, self._sampler, workers=workers,
                                    pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
 
     def _shape(self, index: int, image_size: int) -> tuple[int, int]:
@@ -561,7 +590,7 @@ class ValLoader:
             return image_size, image_size
 
     def __len__(self) -> int:
-        return len(self._batches)
+        return len(self._sampler)
 
     def __iter__(self) -> Iterator[ValBatch]:
         for batch, new in self._loader:

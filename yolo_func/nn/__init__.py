@@ -7,7 +7,7 @@ from yolo_func.nn.batchnorm import (
     batchnorm,
     batchnorm_apply,
     batchnorm_init,
-    update_stats_in_place,
+    update_stats_in_place, sync_batchnorm,
 )
 from yolo_func.nn.blocks import bottleneck, c2f, concat, sppf, upsample
 from yolo_func.nn.conv import conv2d, conv_bn_act, conv_transpose2d
@@ -25,6 +25,7 @@ __all__ = [
     "batchnorm_apply",
     "batchnorm_init",
     "update_stats_in_place",
+    "sync_batchnorm",
     "bottleneck",
     "c2f",
     "sppf",

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from yolo_func.nn.base import Layer, _empty
 
-__all__ = ["batchnorm", "batchnorm_init", "batchnorm_apply", "update_stats_in_place", "BN_EPS", "BN_MOMENTUM"]
+__all__ = ["batchnorm", "batchnorm_init", "batchnorm_apply", "update_stats_in_place", "sync_batchnorm", "BN_EPS",
+           "BN_MOMENTUM"]
 
 BN_EPS = 1e-3
 BN_MOMENTUM = 0.03
 
 _IN_PLACE = contextvars.ContextVar("yolo_func_bn_in_place", default=False)
+_SYNC: contextvars.ContextVar[Callable[[torch.Tensor], torch.Tensor] | None] = contextvars.ContextVar(
+    "yolo_func_bn_sync", default=None)
 
 
 @contextlib.contextmanager
@@ -46,6 +49,67 @@ def update_stats_in_place() -> Iterator[None]:
         _IN_PLACE.reset(token)
 
 
+@contextlib.contextmanager
+def sync_batchnorm(all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Synchronised batch statistics: inside this context, training-mode BN normalises with the
+    mean and variance of the batch of *every* data-parallel process (SyncBN), and updates the
+    running statistics with them (so they stay equal on every process).
+
+    ``all_reduce_sum(t: float[N]) -> float[N]`` must return the sum of ``t`` over the
+    processes and be differentiable (its backward: the sum of the cotangents over the processes),
+    e.g. :func:`yolo_func.train.distributed.differentiable_all_reduce`; the identity gives the
+    one-process statistics. Every process must run the same BN layers in the same order (one
+    collective per BN layer in the forward and one in the backward).
+
+    Numerics: one collective per layer carries ``[sum(x - K), sum((x - K)^2), count]`` per channel
+    with the shift ``K`` = the running mean (equal on every process), so the variance
+    ``E[(x-K)^2] - E[x-K]^2`` does not cancel catastrophically; normalisation runs in at least
+    float32 (half-precision activations are upcast; float64 stays float64).
+    Equal to ``F.batch_norm`` up to float rounding (about 1e-6 relative) on one process.
+
+    Example:
+      >>> x = torch.randn(4, 3, 5, 5)
+      >>> p, s = batchnorm_init(3)
+      >>> with sync_batchnorm(lambda t: t):  # one process
+      ...     y, s2 = batchnorm_apply(p, s, x, train=True)
+      >>> bool(torch.allclose(y, batchnorm_apply(p, s, x, train=True)[0], atol=1e-5))
+      True
+    """
+    token = _SYNC.set(all_reduce_sum)
+    try:
+        yield
+    finally:
+        _SYNC.reset(token)
+
+
+def _synced(params: dict, x: torch.Tensor, mean_buf: torch.Tensor, var_buf: torch.Tensor, sync, eps: float,
+            momentum: float) -> torch.Tensor:
+    """SyncBN forward; writes the running statistics into ``mean_buf`` / ``var_buf`` in place."""
+    c = x.shape[1]
+    xf = x.float() if x.element_size() < 4 else x  # at least float32 (float64 stays float64)
+    shift = mean_buf.detach().to(xf.dtype).view(1, c, 1, 1)  # a constant, equal on every process
+    d = xf - shift
+    dims = (0, 2, 3)
+    count = torch.full((1,), float(x.numel() // c), dtype=xf.dtype, device=x.device)
+    tot = sync(torch.cat([d.sum(dims), (d * d).sum(dims), count]))
+    n = tot[2 * c]
+    m1 = tot[:c] / n
+    var = (tot[c:2 * c] / n - m1 * m1).clamp(min=0.0)  # biased, as F.batch_norm normalises
+    mean = shift.view(c) + m1
+    y = (xf - mean.view(1, c, 1, 1)) * torch.rsqrt(var + eps).view(1, c, 1, 1)
+    y = y * params["weight"].to(xf.dtype).view(1, c, 1, 1) + params["bias"].to(xf.dtype).view(1, c, 1, 1)
+    # Running statistics: F.batch_norm's own in-place update (it is what works inside torch.func
+    # transforms on plain buffers) fed two points per channel whose mean and unbiased variance are
+    # the global batch's: a, b = mean +- sqrt(var_unbiased / 2).
+    with torch.no_grad():
+        nd = n.detach()
+        var_u = var.detach() * nd / (nd - 1).clamp(min=1.0)
+        half = torch.sqrt(var_u / 2)
+        z = torch.stack([mean.detach() + half, mean.detach() - half])  # [2, C]
+        F.batch_norm(z.to(mean_buf.dtype), mean_buf, var_buf, None, None, True, momentum, eps)
+    return y.to(x.dtype)
+
+
 def batchnorm_init(channels: int) -> tuple[dict, dict]:
     """``({"weight": ones[C], "bias": zeros[C]}, {"running_mean": zeros[C], "running_var": ones[C]})``.
 
@@ -67,7 +131,8 @@ def batchnorm_apply(
 
     Returns ``(y float[B, C, H, W], new_state)``. In eval mode ``new_state is state`` (identity).
     In train mode the running statistics are updated on clones, so ``state`` is untouched, unless
-    :func:`update_stats_in_place` is active.
+    :func:`update_stats_in_place` is active; inside :func:`sync_batchnorm` the batch statistics are
+    the data-parallel processes' together.
 
     Example:
       >>> import torch
@@ -85,6 +150,9 @@ def batchnorm_apply(
         mean, var = state["running_mean"], state["running_var"]
     else:
         mean, var = state["running_mean"].clone(), state["running_var"].clone()
+    sync = _SYNC.get()
+    if sync is not None:
+        return _synced(params, x, mean, var, sync, eps, momentum), {"running_mean": mean, "running_var": var}
     y = F.batch_norm(x, mean, var, params["weight"], params["bias"], True, momentum, eps)
     return y, {"running_mean": mean, "running_var": var}
 

@@ -30,6 +30,7 @@ device and read once per epoch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -58,6 +59,7 @@ from yolo_func.models.yolov8 import Model, yolov8
 from yolo_func.optim import ema as make_ema
 from yolo_func.structures.records import Targets
 from yolo_func.train import coco_background
+from yolo_func.train import distributed as D
 from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
 from yolo_func.train.metrics import fetch_metrics
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
@@ -353,7 +355,7 @@ def _dataset_masks(dataset: Any, index: int, orig_shape: tuple[int, int]) -> np.
 
 def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
              device: torch.device, autocast_dtype: torch.dtype | None = None, progress: bool = True,
-             desc: str = "val", coco: CocoEvaluator | None = None) -> dict:
+             desc: str = "val", coco: CocoEvaluator | None = None, gather: bool = False) -> dict:
     """The reference's per-epoch validation (REFERENCE.md §3.1, §3.6) on given weights.
 
     Rect batches (``loader``) -> ``model.predict`` (eval mode) -> :func:`postprocess` (multi-label,
@@ -378,6 +380,9 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
       progress: show a tqdm bar.
       coco: a :class:`~yolo_func.eval.CocoEvaluator` to feed (its ``category_ids`` map the model's
         classes), or None.
+      gather: data-parallel validation: ``loader`` is this rank's shard (``ValLoader(shard=)``);
+        every rank's accumulated matches (and COCO records) are gathered, so every rank returns
+        the metrics of the whole validation set (and ``coco`` holds every rank's records).
 
     Returns:
       :meth:`MetricAccumulator.compute`'s dict (``box`` and ``mask`` / ``pose``: P, R, mAP50, mAP50-95; ``fitness``).
@@ -434,7 +439,33 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
         acc.process(outs, gts)
         if coco is not None:
             coco.process([int(i) for i in vb.image_ids], native if native is not None else outs)
+    if gather:
+        _gather_validation(acc, coco)
     return acc.compute()
+
+
+def _gather_validation(acc: MetricAccumulator, coco: CocoEvaluator | None) -> None:
+    """Merge every rank's accumulated validation into ``acc`` (and ``coco``), in rank order, on
+    every rank (one ``all_gather_object``: numpy arrays and COCO record dicts)."""
+    mine = {"tp": acc._tp, "conf": acc._conf, "cls": acc._cls, "target_cls": acc._target_cls}
+    if coco is not None:
+        mine["coco"] = (coco._results, coco._image_ids, coco._has_masks, coco._has_kpts)
+    parts = D.gather_objects(mine)
+    acc.reset()
+    if coco is not None:
+        coco.reset()
+    for part in parts:
+        for kind, arrays in part["tp"].items():
+            acc._tp.setdefault(kind, []).extend(arrays)
+        acc._conf.extend(part["conf"])
+        acc._cls.extend(part["cls"])
+        acc._target_cls.extend(part["target_cls"])
+        if coco is not None:
+            results, ids, has_masks, has_kpts = part["coco"]
+            coco._results.extend(results)
+            coco._image_ids.extend(ids)
+            coco._has_masks |= has_masks
+            coco._has_kpts |= has_kpts
 
 
 # ------------------------------------------------------------------------------------------- the loop
@@ -453,9 +484,10 @@ def _loader_augment(config: Config) -> LoaderAugment:
     return LoaderAugment(**{f.name: getattr(a, f.name) for f in dataclasses.fields(LoaderAugment) if hasattr(a, f.name)})
 
 
-def _optimizer(config: Config, batches_per_epoch: int) -> YoloOptimizer:
+def _optimizer(config: Config, batches_per_epoch: int, world_size: int = 1) -> YoloOptimizer:
+    # data-parallel: the nominal batch (accumulation, weight-decay scaling) is the global batch
     o = config.optim
-    return yolo_sgd(batch_size=config.data.batch_size, batches_per_epoch=batches_per_epoch, epochs=config.train.epochs,
+    return yolo_sgd(batch_size=config.data.batch_size * world_size, batches_per_epoch=batches_per_epoch, epochs=config.train.epochs,
                     lr0=o.lr0, lrf=o.lrf, momentum=o.momentum, weight_decay=o.weight_decay, warmup_epochs=o.warmup_epochs,
                     warmup_bias_lr=o.warmup_bias_lr, warmup_momentum=o.warmup_momentum, cos_lr=o.cos_lr, nbs=o.nbs,
                     max_norm=o.max_norm)
@@ -517,6 +549,52 @@ def _warm_imports() -> None:
     threading.Thread(target=run, name="yolo_func-imports", daemon=True).start()
 
 
+class _FollowerRunDir:
+    """A rank > 0's view of the run folder: reads it (resume, best row), writes nothing (rank 0
+    owns results.csv, events.jsonl, the checkpoints and the plots)."""
+
+    def __init__(self, rd: RunDir):
+        self._rd = rd
+
+    def __getattr__(self, name: str):
+        return getattr(self._rd, name)
+
+    def begin(self, *args, **kwargs) -> None:
+        pass
+
+    def save(self, *args, **kwargs) -> None:
+        pass
+
+    def wait(self) -> None:
+        pass
+
+    def event(self, *args, **kwargs) -> None:
+        pass
+
+    def log_epoch(self, row: dict, **kwargs) -> bool:
+        return False  # rank 0's verdict is broadcast
+
+    def summary(self) -> str:
+        return ""
+
+
+def _capture_for_ranks(level: str, asked: str, model: Model, sync_bn: bool, say) -> str:
+    """The replay level of a data-parallel rank: the gradient all-reduce runs between the replayed
+    backward and the update, so ``"step"`` (one graph holding both) becomes ``"network+heads"``;
+    with SyncBN the network's forward and backward hold collectives: eager."""
+    if level == "none":
+        return level
+    if sync_bn:
+        say("train.sync_bn: the network runs eagerly (its BN layers all-reduce inside forward and backward)")
+        return "none"
+    if level == "step":
+        if asked == "step":
+            say("capture 'step' holds backward and update in one graph; data-parallel runs use 'network+heads' "
+                "(the all-reduce runs between them)")
+        return "network+heads" if all(h.capturable for h in model.heads.values()) else "network"
+    return level
+
+
 def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: str | os.PathLike = "runs",
         on_step: Callable[[StepInfo], None] | None = None, progress: bool = True, log_every: int = 10,
         builtin_root: str | os.PathLike | None = None) -> FitResult:
@@ -547,10 +625,22 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         raise TypeError(f"[yolo_func] fit expects a Config (yolo_func.configs.build_config); got {type(config).__name__}")
     if (train_data is None) != (val_data is None):
         raise ValueError("[yolo_func] fit: give both train_data and val_data, or neither (then config.data.path is read)")
-    say = print if progress else (lambda *a, **k: None)
     t_start = time.monotonic()
     _warm_imports()
-    rd = RunDir.for_config(config, root=root)
+    # data-parallel (started by torchrun / --devices): join the process group; rank 0 alone
+    # shows progress and writes the run folder (docs/distributed.md)
+    created_group = D.env_world() is not None and not torch.distributed.is_initialized()
+    ctx = D.init_distributed(config.train.device) if D.env_world() is not None else None
+    world, rank = (ctx.world_size, ctx.rank) if ctx is not None else (1, 0)
+    progress = progress and rank == 0
+    say = print if progress else (lambda *a, **k: None)
+    if ctx is None:
+        rd = RunDir.for_config(config, root=root)
+    else:  # rank 0 picks the folder (exp, exp2, ...); the others follow it
+        path = D.broadcast_object(str(RunDir.for_config(config, root=root).path) if rank == 0 else None)
+        rd = RunDir(path, task=config.model.task)
+        if rank != 0:
+            rd = _FollowerRunDir(rd)
     position, elapsed_before = None, 0.0
     if rd.resumable:
         saved, position, meta = read_training_checkpoint(rd.last)
@@ -571,27 +661,39 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     if train_data is None:
         train_data, val_data = load_datasets(config, builtin_root=builtin_root)
     config = _resolve_model_config(config, train_data)
-    device = resolve_device(config.train.device)
+    device = ctx.device if ctx is not None else resolve_device(config.train.device)
     gen = torch.Generator().manual_seed(config.train.seed)
     # a resumed run takes its weights from last.pt (model.weights only shapes the start of a run)
     start = config if position is None else dataclasses.replace(config, model=dataclasses.replace(config.model, weights=None))
     model, params, state = build_model(start, gen, log=say)
     level = resolve_capture(config.train.capture, model, device)
+    sync_bn = ctx is not None and config.train.sync_bn
+    if ctx is not None:
+        level = _capture_for_ranks(level, config.train.capture, model, sync_bn, say)
     dtype = _autocast_dtype(config.train.autocast, device)
     workers = config.data.workers
     loader = TrainLoader(train_data, batch_size=config.data.batch_size, image_size=config.data.image_size,
                          workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,
-                         augment=_loader_augment(config), epochs=config.train.epochs, max_boxes=config.data.max_boxes)
+                         augment=_loader_augment(config), epochs=config.train.epochs, max_boxes=config.data.max_boxes,
+                         rank=rank, world_size=world)
     nb = len(loader)
     val_batch = config.val.batch_size or 2 * config.data.batch_size
     val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=min(workers, 4),
-                           task=config.model.task, shapes=getattr(val_data, "image_sizes", None))
+                           task=config.model.task, shapes=getattr(val_data, "image_sizes", None), shard=(rank, world))
     coco = _coco_setup(config, val_data, rd)
-    opt = _optimizer(config, nb)
+    opt = _optimizer(config, nb, world)
     ema = make_ema(config.optim.ema_decay, config.optim.ema_tau)
     ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
     # at "step" the targets' bucket (boxes per image, a power of two) is part of the capture key
-    step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype, max_captures=8)
+    step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype, max_captures=8,
+                              grad_reduce=D.GradReducer() if ctx is not None else None)
+    if sync_bn:
+        from yolo_func.nn import sync_batchnorm
+
+        def bn_context():
+            return sync_batchnorm(D.differentiable_all_reduce)
+    else:
+        bn_context = contextlib.nullcontext
     generators = {"init": gen}
     if position is not None:
         ck = rd.load_last(ts, config=config)
@@ -617,6 +719,30 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     say(f"training yolov8{config.model.scale} {task} ({config.model.num_classes} classes) on {device} "
         f"(capture {level!r}{', ' + str(dtype).removeprefix('torch.') if dtype else ''}), {len(train_data)} train / "
         f"{len(val_data)} val images, {nb} batches of {config.data.batch_size} per epoch, run folder {rd.path}")
+    if ctx is not None:
+        say(f"data-parallel: {world} processes ({ctx.backend}), global batch {world * config.data.batch_size} "
+            f"({config.data.batch_size} per rank), BN statistics {'synchronised (sync_bn)' if sync_bn else 'per rank'}")
+
+    def sync_ranks() -> None:
+        # before a validation or a checkpoint: per-rank BN statistics (no sync_bn) averaged over the
+        # ranks (the EMA's too), and a check that the parameters are still the same everywhere
+        if ctx is None:
+            return
+        if not sync_bn:
+            trees = {"state": ts.state}
+            if ts.ema is not None:
+                trees["ema"] = ts.ema.ema["state"]
+            D.all_reduce_tree_(trees, op="mean")
+        D.check_in_sync(ts.params, device=device)
+
+    def vote(interrupted: bool, timed_out: bool) -> tuple[bool, bool]:
+        # every rank stops after the same step: the local flags are OR-ed over the ranks
+        if ctx is None:
+            return interrupted, timed_out
+        t = torch.tensor([int(interrupted), int(timed_out)], dtype=torch.int32, device=device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        a, b = t.tolist()
+        return bool(a), bool(b)
 
     def save(pos: DataPosition, *, best: bool = False, extra_meta: dict | None = None, background: bool = True) -> None:
         # the epoch's checkpoint is written on a thread while the next epoch trains (RunDir.save)
@@ -646,13 +772,14 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
             gt, category_ids, background = coco
             records = CocoEvaluator(gt, category_ids=category_ids, verbose=False)
         metrics_v = validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
-                             autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records)
+                             autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records,
+                             gather=ctx is not None)
         return metrics_v, records
 
     def submit_coco(epoch_index: int, records: CocoEvaluator | None) -> None:
         # scored by pycocotools while the next epoch trains; submitted after the epoch's row so that its
         # "coco" event always follows the epoch's "epoch" event
-        if records is not None:
+        if records is not None and rank == 0:
             coco[2].submit(epoch_index + 1, records.results, image_ids=records.image_ids, iou_types=records.iou_types)
 
     finished_cleanly = False
@@ -670,11 +797,12 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 for b, host_batch in enumerate(loader, start=start_batch):
                     if t_first is None:
                         t_first = time.monotonic() - t_epoch  # the wait for the epoch's first batch
-                    if plots and epoch == 0 and b == 0:
+                    if plots and epoch == 0 and b == 0 and rank == 0:
                         from yolo_func.train.plots import plot_batch
                         plot_batch(host_batch.images, host_batch.targets, names, rd.path / "train_batch0.png")
                     batch = _to_device(host_batch, device)
-                    ts, metrics = step_fn(ts, batch)
+                    with bn_context():
+                        ts, metrics = step_fn(ts, batch)
                     steps += 1
                     count += 1
                     sums = sums + torch.stack([metrics[k].detach().double() for k in parts_keys])
@@ -692,9 +820,14 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                                                   "size": config.data.image_size, "img/s": f"{rate:.1f}",
                                                   "mem": _gpu_mem(device)}, refresh=False)
                     bar.update(1)
-                    if interrupt.requested:
+                    interrupted = interrupt.requested
+                    timed_out = limit_s is not None and time.monotonic() - t_start >= limit_s
+                    if ctx is not None:  # decided together, at the log steps (the ranks' steps stay in lockstep)
+                        at_vote = count % log_every == 0 or b == nb - 1
+                        interrupted, timed_out = vote(interrupted, timed_out) if at_vote else (False, False)
+                    if interrupted:
                         stopped = "interrupted"
-                    elif limit_s is not None and time.monotonic() - t_start >= limit_s:
+                    elif timed_out:
                         stopped = "time_limit"
                     if stopped != "completed":
                         break
@@ -703,6 +836,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 if stopped == "interrupted":
                     pos = DataPosition(epoch, b + 1, config.train.seed) if b + 1 < nb else DataPosition(epoch + 1, 0, config.train.seed)
                     rd.wait()
+                    sync_ranks()
                     if pos.batch == 0:  # the epoch's last batch was trained: close the epoch first
                         rd.log_epoch(row_for(epoch + 1, sums, count, None))
                     save(pos, background=False)
@@ -712,6 +846,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 finished = b == nb - 1  # the epoch's last batch was trained (a time limit may coincide)
                 last = epoch + 1 == epochs
                 do_val = (epoch + 1) % config.train.val_every == 0 or last or stopped == "time_limit"
+                sync_ranks()
                 t_val = time.monotonic()
                 metrics_v, records = run_validation(epoch) if do_val else (None, None)
                 if metrics_v is not None:
@@ -723,6 +858,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 timing = {"first_batch": t_first or 0.0, "train": t_val - t_epoch, "val": t_wait - t_val,
                           "checkpoint_wait": time.monotonic() - t_wait}
                 is_best = rd.log_epoch(row_for(epoch + 1, sums, count, metrics_v), timing=timing)
+                if ctx is not None:
+                    is_best = bool(D.broadcast_object(is_best))
                 submit_coco(epoch, records)
                 if is_best:
                     best_epoch = epoch + 1
@@ -751,7 +888,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     if stopped == "interrupted":
         say(f"interrupted: saved {rd.last} (resume with the same command or --out {rd.path})")
     try:
-        if plots:  # while the last COCO evaluation runs
+        if plots and rank == 0:  # while the last COCO evaluation runs
             _final_plots(rd, model, ts, val_loader, names, device, dtype, config)
     except BaseException:
         if coco is not None:
@@ -765,6 +902,9 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         coco_final = background.finish(timeout=coco_background.INTERRUPT_WAIT_S if stopped == "interrupted" else None)
     rd.event("end", stopped=stopped, steps=steps, epochs=epoch)
     say(rd.summary())
+    if created_group:  # every rank is done (rank 0's files are written) before the group goes
+        D.barrier(device)
+        D.shutdown()
     return FitResult(rd.path, ts, epoch, steps, stopped, rd.best_row(), last_metrics, coco_final)
 
 

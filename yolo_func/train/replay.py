@@ -305,7 +305,7 @@ class _NetworkLevel(_Level):
         def net_fn(p, s, x):  # uint8 images are divided by 255 inside the captured forward
             return model.network.apply(p, s, normalize_images(x, to_float), train=True)
 
-        cap = o.cache.get_or_capture(key, lambda: capture_vjp(
+        cap = o.cache.get_or_capture(key, lambda: o._quiesced(capture_vjp)(
             net_fn, ts.params["network"], ts.state["network"], images, warmup=o.warmup, autocast_dtype=dtype,
             pool=o.cache.pool, forward_context=update_stats_in_place), part="network")
         static = cap.static
@@ -321,9 +321,14 @@ class _NetworkLevel(_Level):
         ts, hb = heads.ts, heads.backward
         g_network = cap.backward(hb.g_feats)
         old_state = None if old_net is None else {"network": old_net, "heads": heads.old_state}
-        inputs = UpdateInputs(grads={"network": g_network, "heads": hb.head_grads},
-                              new_state={"network": net_state, "heads": hb.head_states},
-                              losses=hb.losses, parts=hb.parts, feat_norms=hb.feat_norms, old_state=old_state)
+        grads, losses, parts = {"network": g_network, "heads": hb.head_grads}, hb.losses, hb.parts
+        if o.grad_reduce is not None:
+            # data-parallel: the all-reduce runs here, after the replayed backward and outside every
+            # graph; the network's static gradient buffers are reduced in place (the update graph
+            # reads them where they live)
+            grads, losses, parts = o.grad_reduce(grads, losses, parts)
+        inputs = UpdateInputs(grads=grads, new_state={"network": net_state, "heads": hb.head_states},
+                              losses=losses, parts=parts, feat_norms=hb.feat_norms, old_state=old_state)
         if o.replay_update:
             # static buffers of the replayed graphs and snapshots refreshed in place: read where they
             # live (the BN statistics, network and heads, are carry leaves: read in place anyway)
@@ -360,7 +365,7 @@ class _NetworkHeadsLevel(_NetworkLevel):
         params_h, state_h = dict(ts.params["heads"]), dict(ts.state["heads"])
         captures, preds, backups = {}, {}, {}
         for name, head in o.model.heads.items():
-            hcap = o.cache.get_or_capture(key, lambda: capture_head(
+            hcap = o.cache.get_or_capture(key, lambda: o._quiesced(capture_head)(
                 head, params_h[name], state_h[name], feats, warmup=o.warmup, autocast_dtype=dtype),
                 part=("head", name))
             if not _holds(params_h[name], hcap.params):
@@ -404,19 +409,29 @@ class ReplayTrainStep:
         (guard, optimizer, EMA, metrics) as its own graph instead of running it eagerly; the
         update is static-shaped and free of host syncs whatever the heads do, and eagerly it costs
         tens of milliseconds of host time per step (hundreds of small tree operations).
+      grad_reduce: data-parallel training (:class:`yolo_func.train.distributed.GradReducer`):
+        ``(grads, losses, parts) -> (grads, losses, parts)`` run after the (replayed) backward and
+        before the update, outside every CUDA graph. Not with ``capture="step"`` (its one graph
+        holds the backward and the update together; see docs/distributed.md).
 
     Call: ``step(ts, batch) -> (ts, metrics)``; ``batch.images`` ``uint8[B, 3, H, W]`` (0..255) or
     ``float[B, 3, H, W]`` in [0, 1].
 
     Raises:
-      ValueError: an unknown ``capture`` level, or ``max_captures`` not an int >= 1.
+      ValueError: an unknown ``capture`` level, ``max_captures`` not an int >= 1, or
+        ``grad_reduce`` with ``capture="step"``.
     """
 
     def __init__(self, model: Model, tx, *, ema=None, capture: str = "network", autocast_dtype: Any = "auto",
                  channels_last: bool | None = None, skip_nonfinite: bool = True, max_captures: int = 4,
-                 warmup: int = 3, replay_update: bool = True):
+                 warmup: int = 3, replay_update: bool = True, grad_reduce: Callable | None = None):
         if capture not in _LEVEL_CLASSES:
             raise ValueError(f"[yolo_func] capture must be one of {list(LEVELS)}, got {capture!r}")
+        if grad_reduce is not None and capture == "step":
+            raise ValueError("[yolo_func] capture='step' replays backward and update as one graph, so a gradient "
+                             "all-reduce (grad_reduce) has no place between them; use capture='network+heads' or "
+                             "'network' for data-parallel training (docs/distributed.md)")
+        self.grad_reduce = grad_reduce
         self.model, self.tx, self.ema, self.capture = model, tx, ema, capture
         self.autocast_dtype, self.channels_last = autocast_dtype, channels_last
         self.skip_nonfinite, self.warmup, self.replay_update = skip_nonfinite, warmup, replay_update
@@ -448,7 +463,8 @@ class ReplayTrainStep:
 
     def _eager(self, ts: TrainState, batch: Batch):
         return train_step(ts, batch, model=self.model, tx=self.tx, ema=self.ema,
-                          autocast_dtype=self._dtype(batch.images), skip_nonfinite=self.skip_nonfinite)
+                          autocast_dtype=self._dtype(batch.images), skip_nonfinite=self.skip_nonfinite,
+                          grad_reduce=self.grad_reduce)
 
     def _update_replay(self, key: Hashable, ts: TrainState, inputs: UpdateInputs, *, persistent: list):
         """:func:`finish_step` replayed from a graph of its own (one per network capture, stored
@@ -463,10 +479,24 @@ class ReplayTrainStep:
                                tx=self.tx, ema=self.ema, skip_nonfinite=self.skip_nonfinite,
                                old_model_state=inp.old_state)
 
-        cap = self.cache.get_or_capture(key, lambda: capture_step(
+        cap = self.cache.get_or_capture(key, lambda: self._quiesced(capture_step)(
             update, ts, inputs, warmup=self.warmup, pool=self.cache.pool, donate_carry=True,
             persistent=persistent), part="update")
         return cap.step(ts, inputs)
+
+    def _quiesced(self, capture: Callable) -> Callable:
+        """``capture`` run after the device has finished all queued work when the step all-reduces
+        (data-parallel): no collective is in flight while a graph is captured (a communicator's
+        watchdog polling an unfinished collective's event during a capture can invalidate it). Only
+        at capture time: replays never synchronise."""
+        if self.grad_reduce is None or not torch.cuda.is_available():
+            return capture
+
+        def run(*args, **kwargs):
+            torch.cuda.synchronize()
+            return capture(*args, **kwargs)
+
+        return run
 
     def _snapshot(self, key: Hashable, tree):
         """A copy of ``tree`` (static BN statistics a replayed forward is about to overwrite), in

@@ -275,7 +275,7 @@ def losses_backward(model: Model, feats: Feats, preds: Mapping, pullbacks: Mappi
 
 def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapping, parts: Mapping,
                 feat_norms: Mapping, *, tx, ema=None, skip_nonfinite: bool = True, apply=apply_updates,
-                old_model_state: dict | None = None):
+                old_model_state: dict | None = None, grad_reduce: Callable | None = None):
     """Optimizer, EMA, the non-finite guard and the metrics (shared by the eager and replay steps).
 
     Args:
@@ -287,10 +287,16 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
       apply: ``apply_updates`` (pure) or ``apply_updates_`` (in place, for static buffers).
       old_model_state: the BN statistics a skipped step keeps (default ``ts.state``; a replayed
         network has already overwritten its static statistics, so it passes a backup).
+      grad_reduce: data-parallel training: ``(grads, losses, parts) -> (grads, losses, parts)``
+        run first, between the backward and the optimizer
+        (:class:`yolo_func.train.distributed.GradReducer`: gradients summed over the ranks, loss
+        values averaged); None: one process.
 
     Returns:
       ``(TrainState, metrics)``; metrics are device tensors.
     """
+    if grad_reduce is not None:
+        grads, losses, parts = grad_reduce(grads, losses, parts)
     total = torch.stack([v.float() for v in losses.values()]).sum()
     gnorm = global_norm(grads)
     guard = apply_if_finite(tx, enabled=skip_nonfinite)
@@ -314,7 +320,8 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
 
 
 def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, autocast_dtype: torch.dtype | None = None,
-               skip_nonfinite: bool = True, assign_kw: Mapping | None = None) -> tuple[TrainState, dict]:
+               skip_nonfinite: bool = True, assign_kw: Mapping | None = None,
+               grad_reduce: Callable | None = None) -> tuple[TrainState, dict]:
     """One eager training step (pure: returns a new state, never writes the old one).
 
     Args:
@@ -330,6 +337,7 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
       ema: an :class:`yolo_func.optim.Ema` or None.
       autocast_dtype: e.g. ``torch.bfloat16``; None runs in the params' dtype.
       skip_nonfinite: apply the non-finite policy of this module's docstring.
+      grad_reduce: as :func:`finish_step` (data-parallel: the gradient all-reduce).
 
     Returns:
       ``(new TrainState, metrics)``: metrics hold ``loss/<head>/<part>`` (the reference's loss
@@ -360,7 +368,8 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
     (g_network,) = net_pullback(g_feats)
     grads = {"network": g_network, "heads": head_grads}
     new_state = {"network": net_state, "heads": head_states}
-    return finish_step(ts, grads, new_state, losses, parts, norms, tx=tx, ema=ema, skip_nonfinite=skip_nonfinite)
+    return finish_step(ts, grads, new_state, losses, parts, norms, tx=tx, ema=ema, skip_nonfinite=skip_nonfinite,
+                       grad_reduce=grad_reduce)
 
 
 def init_train_state(model: Model, tx, gen: torch.Generator, *, device: torch.device | str = "cpu", ema=None,
