@@ -198,12 +198,16 @@ def encode_mask(mask: np.ndarray) -> dict:
     return encode_masks(np.asarray(mask)[None])[0]
 
 
-def encode_masks(masks: np.ndarray) -> list[dict]:
-    """Compressed RLEs of N binary masks with one ``pycocotools.mask.encode`` call (a Fortran-ordered
-    uint8[h, w, N] array), JSON-ready; equal to :func:`encode_mask` of each.
+def encode_masks(masks: np.ndarray | torch.Tensor) -> list[dict]:
+    """Compressed RLEs of N binary masks, JSON-ready; equal to :func:`encode_mask` of each.
+
+    A NumPy array (or a CPU tensor) goes to one ``pycocotools.mask.encode`` call (a
+    Fortran-ordered uint8[h, w, N] array). A CUDA tensor is run-length encoded where it is
+    (:func:`_run_lengths`): only the run boundaries come to the host, not N x h x w bytes of masks
+    at the original image size, and pycocotools compresses the runs (``frPyObjects``).
 
     Args:
-      masks: bool or uint8[N, h, w].
+      masks: bool or uint8[N, h, w] (NumPy or torch, any device).
 
     Returns:
       N ``{"size": [h, w], "counts": str}``.
@@ -212,19 +216,62 @@ def encode_masks(masks: np.ndarray) -> list[dict]:
       >>> rles = encode_masks(np.ones((2, 3, 4), bool))
       >>> rles[0]["size"], len(rles)
       ([3, 4], 2)
+      >>> encode_masks(torch.ones(2, 3, 4, dtype=torch.bool)) == rles
+      True
     """
     from pycocotools import mask as mask_utils
 
-    masks = np.asarray(masks)
-    if masks.ndim != 3:
-        raise ValueError(f"[yolo_func] encode_masks: expected masks bool[N, h, w], got shape {masks.shape}")
-    if masks.shape[0] == 0:
-        return []
-    # [N, h, w] C-order viewed as [h, w, N] is already Fortran-ordered: no copy beyond the uint8 cast.
-    rles = mask_utils.encode(np.asfortranarray(masks.astype(np.uint8, copy=False).transpose(1, 2, 0)))
+    if isinstance(masks, torch.Tensor) and masks.device.type != "cpu":
+        if masks.ndim != 3:
+            raise ValueError(f"[yolo_func] encode_masks: expected masks bool[N, h, w], got shape {tuple(masks.shape)}")
+        if masks.shape[0] == 0:
+            return []
+        h, w = int(masks.shape[1]), int(masks.shape[2])
+        rles = mask_utils.frPyObjects([{"counts": c, "size": [h, w]} for c in _run_lengths(masks)], h, w)
+    else:
+        masks = masks.detach().numpy() if isinstance(masks, torch.Tensor) else np.asarray(masks)
+        if masks.ndim != 3:
+            raise ValueError(f"[yolo_func] encode_masks: expected masks bool[N, h, w], got shape {masks.shape}")
+        if masks.shape[0] == 0:
+            return []
+        # [N, h, w] C-order viewed as [h, w, N] is already Fortran-ordered: no copy beyond the uint8 cast.
+        rles = mask_utils.encode(np.asfortranarray(masks.astype(np.uint8, copy=False).transpose(1, 2, 0)))
+    out = []
     for rle in rles:
-        rle["counts"] = rle["counts"].decode("utf-8")
-    return rles
+        counts = rle["counts"]
+        out.append({"size": [int(rle["size"][0]), int(rle["size"][1])],
+                    "counts": counts.decode("utf-8") if isinstance(counts, bytes) else counts})
+    return out
+
+
+def _run_lengths(masks: torch.Tensor) -> list[list[int]]:
+    """COCO's uncompressed RLE counts of each mask: runs of 0s and 1s in column-major order,
+    starting with a (possibly empty) run of 0s, summing to h * w.
+
+    The transitions are found on ``masks``' device; the host receives their positions only.
+
+    Args:
+      masks: bool or uint8[N, h, w], N >= 1.
+
+    Example:
+      >>> _run_lengths(torch.tensor([[[0, 1], [1, 1]]], dtype=torch.bool))   # column-major: 0, 1, 1, 1
+      [[1, 3]]
+      >>> _run_lengths(torch.ones(1, 2, 2, dtype=torch.bool))
+      [[0, 4]]
+    """
+    n, h, w = masks.shape
+    flat = masks.bool().transpose(1, 2).reshape(n, h * w)  # column-major, as COCO's RLE
+    rows, cols = (flat[:, 1:] != flat[:, :-1]).nonzero(as_tuple=True)
+    first = flat[:, 0]
+    rows, cols, first = rows.cpu().numpy(), cols.cpu().numpy() + 1, first.cpu().numpy()
+    bounds = np.searchsorted(rows, np.arange(n + 1))
+    total = h * w
+    out = []
+    for i in range(n):
+        edges = np.concatenate(([0], cols[bounds[i]:bounds[i + 1]], [total]))
+        counts = np.diff(edges).tolist()
+        out.append([0, *counts] if first[i] else counts)
+    return out
 
 
 def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequence[int]) -> list[dict]:
@@ -263,7 +310,7 @@ def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequ
         for (x, y, w, h), sc, c in zip(xywh, scores.tolist(), cats)
     ]
     if detections.masks is not None and n:
-        for rec, rle in zip(out, encode_masks(detections.masks.detach().cpu().numpy())):
+        for rec, rle in zip(out, encode_masks(detections.masks.detach())):
             rec["segmentation"] = rle
     if detections.keypoints is not None and n:
         kpts = detections.keypoints.detach().double().cpu().numpy().reshape(n, -1).tolist()
