@@ -634,9 +634,12 @@ class CocoEvaluator:
                 scale_to_original(d, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, input_shape=input_shape)
                 for d, lb in zip(detections, letterbox)
             ]
-        # One move to the host per batch and field (concatenated), then split per image.
+        # One move to the host per batch and field (concatenated), then split per image; masks stay
+        # where they are: encode_masks run-length encodes a CUDA tensor on the GPU (at the original
+        # image size they are N x h0 x w0 bytes per image, the runs a small fraction of that).
         counts = [int(d.scores.shape[0]) for d in detections]
-        host = [_to_host([d[f] for d in detections], counts) for f in range(len(Detections._fields))]
+        host = [[d.masks for d in detections] if name == "masks" else _to_host([d[f] for d in detections], counts)
+                for f, name in enumerate(Detections._fields)]
         for i, image_id in enumerate(image_ids):
             det = Detections(*(h[i] for h in host))
             if self.category_ids is None:

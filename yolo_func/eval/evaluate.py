@@ -165,14 +165,16 @@ def _letterboxes(batch) -> list[Letterbox]:
 
 def _detections_to_host(dets: Sequence[Detections]) -> list[Detections]:
     """A batch's detections on the host with one device-to-host copy: boxes, scores, classes and
-    keypoints packed in one float tensor (classes < 2^24 are exact in float32), masks one copy per
-    image (their sizes differ); CPU detections are returned as they are.
+    keypoints packed in one float tensor (classes < 2^24 are exact in float32); masks stay on their
+    device (COCO's records run-length encode them there, :func:`~yolo_func.eval.coco_eval.encode_masks`:
+    at the original image size they are N x h0 x w0 bytes per image); CPU detections are returned as
+    they are.
 
     Args:
       dets: per image :class:`Detections` on one device, the same dtype and fields in each.
 
     Returns:
-      The same detections on the CPU (classes int64), values unchanged.
+      The same detections on the CPU (classes int64; masks where they were), values unchanged.
     """
     if not dets or dets[0].boxes.device.type == "cpu":
         return list(dets)
@@ -188,7 +190,7 @@ def _detections_to_host(dets: Sequence[Detections]) -> list[Detections]:
     out = []
     for d, h in zip(dets, host):
         out.append(Detections(h[:, :4], h[:, 4].to(d.scores.dtype), h[:, 5].long(),
-                              None if d.masks is None else d.masks.cpu(),
+                              d.masks,
                               h[:, 6:].reshape(-1, *kshape).to(d.keypoints.dtype) if has_kpts else None))
     return out
 
