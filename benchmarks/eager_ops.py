@@ -2,7 +2,7 @@
 
     python benchmarks/eager_ops.py                          # op counts: nano detect, 64 px, batch 2
     python benchmarks/eager_ops.py --time --size 320 --batch 8 --repeats 7   # + median CPU step time
-    python benchmarks/eager_ops.py --device cuda --size 640 --batch 4 --time  # GPU (# GPU only)
+    python benchmarks/eager_ops.py --device cuda --size 640 --batch 4 --bf16 --time --repeats 30   # GPU
 
 The step is :func:`yolo_func.train.train_step` with the reference recipe: ``yolo_sgd(...).tx``
 (clip, three groups of Nesterov SGD, accumulation) and ``ema()``, float32, NCHW on the CPU. Ops are
@@ -75,20 +75,22 @@ def main() -> int:
     ap.add_argument("--time", action="store_true", help="also time --repeats whole steps (median)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    ap.add_argument("--bf16", action="store_true", help="BF16 autocast (as benchmarks/step.py's eager variant)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tx, e, ts, b = build(args.task, args.batch, args.size, args.device)
-    ts, _ = train_step(ts, b, model=model, tx=tx, ema=e)  # warm-up (lazy imports, memo tables)
+    ac = torch.bfloat16 if args.bf16 else None
+    ts, _ = train_step(ts, b, model=model, tx=tx, ema=e, autocast_dtype=ac)  # warm-up (lazy imports, memo tables)
     with count_aten_ops() as total:
-        train_step(ts, b, model=model, tx=tx, ema=e)
+        train_step(ts, b, model=model, tx=tx, ema=e, autocast_dtype=ac)
     print(f"# eager step, yolov8n {args.task}, {args.size} px, batch {args.batch}, {args.device}, "
           f"torch {torch.__version__}")
     print(f"total dispatched aten ops: {total.total}")
     for name, c in phases(model, tx, e, ts, b).items():
         print(f"  {name:40s} {c.total:6d}")
     print(f"\ntop {args.top} ops of the whole step:")
-    for op, n in collections.Counter(total.by_op).most_common(args.top):
+    for op, n in collections.Counter(total.by_op).most_common(args.top) if args.top else []:
         print(f"  {n:6d}  {op}")
     if args.time:
         times = []
@@ -96,7 +98,7 @@ def main() -> int:
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            ts, m = train_step(ts, b, model=model, tx=tx, ema=e)
+            ts, m = train_step(ts, b, model=model, tx=tx, ema=e, autocast_dtype=ac)
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
