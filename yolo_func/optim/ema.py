@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_func import tree as T
+from yolo_func.optim import flat
 from yolo_func.optim.base import _reject_unknown, _zero_count
 
 __all__ = ["EmaState", "Ema", "ema", "ema_decay"]
@@ -107,7 +108,7 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
     decay, tau = float(decay), float(tau)
 
     def init(model: Any) -> EmaState:
-        return EmaState(count=_zero_count(model), ema=T.tree_clone(model))
+        return EmaState(count=_zero_count(model), ema=T.tree_clone_flat(model))  # one flat buffer per dtype
 
     def update(model: Any, state: EmaState, stepped: torch.Tensor | None = None, **unknown) -> EmaState:
         _reject_unknown("ema", unknown, ("stepped",))
@@ -131,7 +132,7 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
             ef = [e_leaves[i] for i in idx]
             mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
             with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
-                lerped = T.flat_leafwise(lambda e, m: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device)), ef, mf)
+                lerped = flat.leafwise(lambda e, m: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device)), ef, mf)
             for i, x in zip(idx, lerped):
                 out[i] = x
         return EmaState(count=count, ema=T.tree_unflatten(treedef, out))

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_func import tree as T
+from yolo_func.optim import flat
 from yolo_func.optim.base import GradientTransformation, Updates, _reject_unknown, _zero_count
 from yolo_func.optim.transforms import global_norm
 
@@ -115,7 +116,7 @@ def apply_if_finite(inner: GradientTransformation, *, enabled: bool = True) -> G
         count = _zero_count(params)
         return ApplyIfFiniteState(count=count, notfinite_count=count.clone(), total_notfinite_count=count.clone(),
                                   stepped=torch.ones((), dtype=torch.bool, device=count.device),
-                                  inner_state=inner.init(params))
+                                  inner_state=T.tree_clone_flat(inner.init(params)))
 
     def update(updates: Updates, state: ApplyIfFiniteState, params: Any = None, *, finite: torch.Tensor | None = None,
                iteration: torch.Tensor | None = None, **unknown) -> tuple[Updates, ApplyIfFiniteState]:
@@ -138,15 +139,15 @@ def apply_if_finite(inner: GradientTransformation, *, enabled: bool = True) -> G
             applied = torch.isfinite(global_norm(updates)).to(device)
             if finite is not None:
                 applied = applied & finite.to(device)
-            grads = T.tree_where(applied, updates, 0.0)  # a skipped call feeds zeros to the inner
+            grads = flat.tree_where(applied, updates, 0.0)  # a skipped call feeds zeros to the inner
         else:
             applied = torch.ones((), dtype=torch.bool, device=device) if finite is None else finite.to(device)
             grads = updates
         new_u, new_inner = inner.update(grads, state.inner_state, params, iteration=it)
         inner_stepped = getattr(new_inner, "stepped", None)  # a state type's field: a host-side constant
         if enabled:
-            new_u = T.tree_where(applied, new_u, 0.0)
-            new_inner = T.tree_where(applied, new_inner, state.inner_state)
+            new_u = flat.tree_where(applied, new_u, 0.0)
+            new_inner = flat.tree_where(applied, new_inner, state.inner_state)
             stepped = applied.clone() if inner_stepped is None else applied & inner_stepped.to(device)
         else:
             stepped = torch.ones((), dtype=torch.bool, device=device) if inner_stepped is None else inner_stepped.clone()

@@ -20,11 +20,14 @@ from yolo_func.testing.asserts import (
     assert_trees_all_equal_structs,
 )
 from yolo_func.testing.captures import CaptureCount, assert_max_captures
+from yolo_func.testing.ops import AtenOpCount, count_aten_ops
 
 _STRATEGIES = ("generators", "images", "boxes_xyxy", "padded_targets")
 
 __all__ = [
+    "AtenOpCount",
     "CaptureCount",
+    "count_aten_ops",
     "Dimensions",
     "assert_max_captures",
     "assert_shape",

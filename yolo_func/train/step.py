@@ -47,7 +47,7 @@ from yolo_func.func import autocast, first_order, flat_vjp  # re-exported: they 
 from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
-from yolo_func.optim import apply_if_finite, apply_updates, global_norm
+from yolo_func.optim import apply_if_finite, apply_updates, flat, global_norm
 from yolo_func.structures.checks import check_batch
 from yolo_func.train.state import Batch, TrainState
 
@@ -304,7 +304,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     finite = opt_state.notfinite_count == 0  # the wrapper's verdict (the veto AND its own gradient check)
     if skip_nonfinite:
         old = ts.state if old_model_state is None else old_model_state
-        new_model_state = T.tree_where(finite, new_model_state, old)  # flat: a few kernels for the whole tree
+        new_model_state = flat.tree_where(finite, new_model_state, old)  # one kernel per flat buffer, no copy of `old`
     params = apply(ts.params, updates)
     stepped = opt_state.stepped  # false on a skipped call and on accumulating micro-steps
     ema_state = ts.ema

@@ -1,0 +1,113 @@
+"""Dispatched aten ops (and CPU time) of one eager training step, by phase and by op.
+
+    python benchmarks/eager_ops.py                          # op counts: nano detect, 64 px, batch 2
+    python benchmarks/eager_ops.py --time --size 320 --batch 8 --repeats 7   # + median CPU step time
+    python benchmarks/eager_ops.py --device cuda --size 640 --batch 4 --bf16 --time --repeats 30   # GPU
+
+The step is :func:`yolo_func.train.train_step` with the reference recipe: ``yolo_sgd(...).tx``
+(clip, three groups of Nesterov SGD, accumulation) and ``ema()``, float32, NCHW on the CPU. Ops are
+counted with a ``TorchDispatchMode`` (:func:`yolo_func.testing.count_aten_ops`): every aten op
+that reaches the dispatcher's Python mode, i.e. after functorch's transforms and autograd have
+done their work, once per kernel-level call (a ``_foreach_*`` call counts one). Phases are the
+step's pieces run one after the other on the same inputs (network VJP, heads + assignment + losses,
+network pullback, guard + optimizer + EMA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from yolo_func import yolov8  # noqa: E402
+from yolo_func.optim import ema  # noqa: E402
+from yolo_func.testing import count_aten_ops  # noqa: E402
+from yolo_func.testing.synthetic import synthetic_batch  # noqa: E402
+from yolo_func.train import init_train_state, train_step, yolo_sgd  # noqa: E402
+from yolo_func.train.step import finish_step, heads_backward, network_vjp  # noqa: E402
+
+
+def build(task: str, batch: int, size: int, device: str):
+    """(model, tx, ema, TrainState, Batch) for one eager step."""
+    model = yolov8("n", task=task)
+    opt = yolo_sgd(batch_size=batch, batches_per_epoch=1000, epochs=100)
+    e = ema()
+    ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), device=device, ema=e)
+    b = synthetic_batch(task, batch, size, num_classes=model.num_classes, max_boxes=8, min_boxes=2, seed=1,
+                        device=device)
+    return model, opt.tx, e, ts, b
+
+
+def phases(model, tx, e, ts, b):
+    """Op counts of the step's phases, each run once (same inputs as a whole step)."""
+    out = {}
+    with count_aten_ops() as c:
+        feats, pull, net_state = network_vjp(model, ts.params["network"], ts.state["network"], b.images)
+    out["network forward (vjp)"] = c
+    with count_aten_ops() as c:
+        hb = heads_backward(model, ts.params["heads"], ts.state["heads"], feats, b.targets)
+    out["heads + assignment + losses"] = c
+    with count_aten_ops() as c:
+        (g_net,) = pull(hb.g_feats)
+    out["network pullback"] = c
+    grads = {"network": g_net, "heads": hb.head_grads}
+    new_state = {"network": net_state, "heads": hb.head_states}
+    with count_aten_ops() as c:
+        finish_step(ts, grads, new_state, hb.losses, hb.parts, hb.feat_norms, tx=tx, ema=e)
+    out["guard + optimizer + EMA + metrics"] = c
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--task", default="detect")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--top", type=int, default=25, help="rows of the per-op table")
+    ap.add_argument("--time", action="store_true", help="also time --repeats whole steps (median)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
+    ap.add_argument("--bf16", action="store_true", help="BF16 autocast (as benchmarks/step.py's eager variant)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tx, e, ts, b = build(args.task, args.batch, args.size, args.device)
+    ac = torch.bfloat16 if args.bf16 else None
+    ts, _ = train_step(ts, b, model=model, tx=tx, ema=e, autocast_dtype=ac)  # warm-up (lazy imports, memo tables)
+    with count_aten_ops() as total:
+        train_step(ts, b, model=model, tx=tx, ema=e, autocast_dtype=ac)
+    print(f"# eager step, yolov8n {args.task}, {args.size} px, batch {args.batch}, {args.device}, "
+          f"torch {torch.__version__}")
+    print(f"total dispatched aten ops: {total.total}")
+    for name, c in phases(model, tx, e, ts, b).items():
+        print(f"  {name:40s} {c.total:6d}")
+    print(f"\ntop {args.top} ops of the whole step:")
+    for op, n in collections.Counter(total.by_op).most_common(args.top) if args.top else []:
+        print(f"  {n:6d}  {op}")
+    if args.time:
+        times = []
+        for _ in range(args.repeats + 1):
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ts, m = train_step(ts, b, model=model, tx=tx, ema=e, autocast_dtype=ac)
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        times = times[1:]
+        print(f"\nstep time over {args.repeats} steps ({torch.get_num_threads()} threads): median "
+              f"{1000 * statistics.median(times):.1f} ms, min {1000 * min(times):.1f} ms, "
+              f"all {[round(1000 * t, 1) for t in times]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

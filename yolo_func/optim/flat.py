@@ -1,0 +1,160 @@
+"""Flat buffers for the optimizer, the non-finite guard and the EMA: elementwise tree ops as one
+kernel per flat buffer, with no copy when the leaves already live in one.
+
+The state a training step carries — the guard's inner optimizer state (momenta, accumulated
+gradients, Adam moments), the BN statistics and the EMA — comes out of :func:`leafwise` as *views
+into one flat buffer per (dtype, device)*: each leaf is a chunk of the buffer in its own memory
+order (contiguous, or NHWC for a channels_last 4-D leaf), in tree order. :func:`flat_base`
+recognises such a list on the host from tensor metadata alone (``_base``, storage offsets,
+strides; no aten op), so on the next step :func:`leafwise` runs the op on the buffer itself:
+no per-leaf ``view``, no ``cat`` copying the whole model, one kernel. Leaves that do not tile a
+buffer (e.g. fresh gradients) are concatenated once per group as before (:func:`yolo_func.tree.
+flat_leafwise`), and the result is again a flat buffer with views.
+
+Numerics: ``fn`` is elementwise and sees the same elements at the same positions of a buffer laid
+out the same way (one group per (dtype, device), leaves in tree order) whether the buffer was
+recognised or concatenated, so the results are bitwise equal to :func:`yolo_func.tree.flat_leafwise`
+(and to the per-leaf op for exact ops such as ``where``).
+
+The tree API is unchanged: trees keep their structure, shapes, strides and dtypes; only where
+their memory lives changes. Views into a buffer stay valid as long as the leaves do (nothing is
+reallocated under them); a captured step copies its new carry into its static buffers with
+``tree_copy_`` as before.
+
+Example:
+  >>> import torch
+  >>> a = [torch.ones(2, 3), torch.zeros(4)]
+  >>> out = leafwise(lambda x: x * 2, a)            # concatenated once, views of one buffer
+  >>> flat_base(out).shape, [tuple(x.shape) for x in out]
+  (torch.Size([10]), [(2, 3), (4,)])
+  >>> again = leafwise(lambda x: x + 1, out)         # recognised: no view, no cat
+  >>> again[0].tolist()
+  [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from yolo_func import tree as T
+from yolo_func.tree import _flat_groups, _flat_view, _scatter_views
+
+__all__ = ["flat_base", "leafwise", "tree_where", "set_enabled", "enabled"]
+
+_ENABLED = True
+
+
+def set_enabled(on: bool) -> bool:
+    """Turn the recognition of flat-backed leaves on or off (process-wide); returns the old value.
+
+    Off, :func:`leafwise` is :func:`yolo_func.tree.flat_leafwise` (always concatenates). For
+    parity tests and benchmarks: the values are the same either way.
+    """
+    global _ENABLED
+    old, _ENABLED = _ENABLED, bool(on)
+    return old
+
+
+def enabled() -> bool:
+    """Whether :func:`leafwise` recognises flat-backed leaves."""
+    return _ENABLED
+
+
+def _dense_in_memory_order(x: torch.Tensor) -> bool:
+    return x.is_contiguous() or (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last))
+
+
+def flat_base(leaves: list[Any]) -> torch.Tensor | None:
+    """The 1-D buffer that ``leaves`` tile exactly, in order, each in its memory order; else None.
+
+    Host metadata only (no aten op is dispatched): every leaf is a view whose ``_base`` is the same
+    contiguous 1-D tensor of the leaves' dtype, the leaves are dense (contiguous, or channels_last
+    4-D), start where the previous one ended, and together cover the whole buffer.
+
+    Args:
+      leaves: a list of tensors (any shapes, one dtype).
+
+    Returns:
+      ``float[N]`` (the leaves' dtype) with ``N = sum(numel)``, or None.
+    """
+    if not leaves:
+        return None
+    first = leaves[0]
+    if not isinstance(first, torch.Tensor):
+        return None
+    base = first._base
+    if base is None or base.dim() != 1 or base.dtype != first.dtype or not base.is_contiguous():
+        return None
+    offset = base.storage_offset()
+    for x in leaves:
+        if (not isinstance(x, torch.Tensor) or x._base is not base or x.dim() == 0
+                or x.storage_offset() != offset or not _dense_in_memory_order(x)):
+            return None
+        offset += x.numel()
+    if offset - base.storage_offset() != base.numel():
+        return None
+    return base
+
+
+def leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[fn(*xs) for xs in zip(*lists)]`` for an elementwise ``fn``, one call per flat buffer.
+
+    The leaves of ``lists[0]`` are grouped by (dtype, device) as
+    :func:`yolo_func.tree.flat_leafwise` groups them; a group whose leaves (in every list) tile a
+    buffer (:func:`flat_base`) passes that buffer to ``fn`` as it is, any other group is
+    concatenated. Results are views into ``fn``'s output, one buffer per group, with each leaf's
+    shape and strides (so they tile it, and the next call recognises them). Leaves without a flat
+    view (0-dim, non-dense) or whose partners differ in shape, strides or dtype get ``fn`` one by
+    one.
+
+    Args:
+      fn: elementwise, returning a tensor shaped like its first argument.
+      lists: equally long lists of tensors.
+
+    Returns:
+      list of tensors, one per position.
+    """
+    if not _ENABLED:
+        return T.flat_leafwise(fn, *lists)
+    first = lists[0]
+    views = [_flat_view(x) for x in first]
+    for other in lists[1:]:
+        for i, (v, x, y) in enumerate(zip(views, first, other)):
+            if v is not None and not (isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.stride() == x.stride()
+                                      and y.shape == x.shape and y.get_device() == x.get_device()):
+                views[i] = None
+    out: list[Any] = [None] * len(first)
+    for i, v in enumerate(views):
+        if v is None:
+            out[i] = fn(*(l[i] for l in lists))
+    for idx in _flat_groups(first, views):
+        flats = []
+        for j, l in enumerate(lists):
+            sub = [l[i] for i in idx]
+            base = flat_base(sub)
+            if base is None:
+                base = torch.cat([views[i] for i in idx] if j == 0 else [_flat_view(x) for x in sub])
+            flats.append(base)
+        _scatter_views(fn(*flats), idx, first, out)
+    return out
+
+
+def tree_where(flag: torch.Tensor, new: Any, old: Any) -> Any:
+    """:func:`yolo_func.tree.tree_where` through :func:`leafwise` (flat-backed leaves are not
+    copied; the result is flat-backed). Same values, bit for bit.
+
+    Args:
+      flag: bool[] on the leaves' device.
+      new: pytree of tensors.
+      old: a tree like ``new`` or a Python number.
+    """
+    n_leaves, treedef = T.tree_flatten(new)
+    if isinstance(old, (int, float, bool)):
+        return T.tree_unflatten(treedef, leafwise(lambda n: torch.where(flag, n, old), n_leaves))
+    o_leaves, o_def = T.tree_flatten(old)
+    if o_def != treedef:
+        raise ValueError("[yolo_func] tree_where: structures differ\n" + T.tree_diff(new, old, names=("new", "old")))
+    return T.tree_unflatten(treedef, leafwise(lambda n, o: torch.where(flag, n, o), n_leaves, o_leaves))
