@@ -150,3 +150,26 @@ def test_capture_survives_a_busy_helper_thread():
         stop.set()
         helper.join(timeout=30)
     assert not errors, errors
+
+
+def test_gc_paused_restores_the_collector_on_exit_and_on_error():
+    """Captures run with the cyclic collector off (a collection inside a capture can run a CUDA
+    call that aborts it); the previous setting comes back, also after an exception."""
+    import gc
+
+    from yolo_func.capture.binder import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="boom"), gc_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # it was off before: stays off
+    finally:
+        gc.enable()

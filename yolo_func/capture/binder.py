@@ -11,6 +11,8 @@ so their logic is tested there.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,6 +99,25 @@ class Binder:
 # imports) that never touch the captured stream; under torch's default "global" mode one of their
 # calls during a capture aborts it with cudaErrorStreamCaptureInvalidated.
 CAPTURE_ERROR_MODE = "thread_local"
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off for the block (a capture), back on after.
+
+    ``torch.cuda.graph`` collects once before capturing, but a collection triggered *during*
+    the capture runs finalizers on the capturing thread: freeing an unrelated tensor from an
+    earlier step (pinned host memory, a foreign stream's block) can make a CUDA call that is
+    illegal while the stream captures and aborts the capture. Captures are short; nothing is lost
+    by collecting after them.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def check_available(groups: Mapping[str, PyTree], generators: tuple = (), *, caller: str = "capture_vjp") -> torch.device:

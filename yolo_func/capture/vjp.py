@@ -103,7 +103,7 @@ from typing import Any, ContextManager, NamedTuple
 import torch
 
 from yolo_func import tree as T
-from yolo_func.capture.binder import CAPTURE_ERROR_MODE, Binder, check_available
+from yolo_func.capture.binder import CAPTURE_ERROR_MODE, Binder, check_available, gc_paused
 from yolo_func.capture.counter import count_capture
 from yolo_func.capture.signature import CaptureSignature, check_autocast
 from yolo_func.func import autocast, first_order
@@ -379,7 +379,7 @@ def capture_vjp(
             g_fwd.register_generator_state(g)
             g_bwd.register_generator_state(g)
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
-        with torch.cuda.graph(g_fwd, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE):  # see whole_step.py
+        with gc_paused(), torch.cuda.graph(g_fwd, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE):  # see whole_step.py
             outputs, vjp_fn, new_state = run_forward()
         # Cotangent buffers live outside the pool: they are inputs, written by the caller.
         cotangents = T.tree_map(torch.zeros_like, outputs)
@@ -387,7 +387,7 @@ def capture_vjp(
         # has run, so the backward's scratch reuses that memory within the pool, as an eager
         # backward does (with the activations kept alive, the pool held both: ~1.3x the eager
         # peak). Replays read and write the recorded addresses; the closure is not called again.
-        with torch.cuda.graph(g_bwd, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE):
+        with gc_paused(), torch.cuda.graph(g_bwd, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE):
             (grads,) = first_order(vjp_fn)(cotangents, retain_graph=False)
         del vjp_fn
         restore_state()  # capture executes nothing, but keep the promise cheap and explicit

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 
 from yolo_func import tree as T
-from yolo_func.capture.binder import CAPTURE_ERROR_MODE, Binder, check_available
+from yolo_func.capture.binder import CAPTURE_ERROR_MODE, Binder, check_available, gc_paused
 from yolo_func.capture.counter import count_capture
 from yolo_func.capture.signature import CaptureSignature
 
@@ -172,7 +172,7 @@ def capture_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], carry: P
         graph = torch.cuda.CUDAGraph()
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
         # thread_local capture: helper threads cannot abort it (binder.CAPTURE_ERROR_MODE)
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE):
+        with gc_paused(), torch.cuda.graph(graph, pool=pool, capture_error_mode=CAPTURE_ERROR_MODE):
             new_carry, aux = fn(static_carry, static_inputs)
             T.tree_copy_(static_carry, new_carry)
         del new_carry

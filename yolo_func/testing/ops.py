@@ -28,6 +28,14 @@ class AtenOpCount(TorchDispatchMode):
     Attributes:
       total: int, ops dispatched inside the ``with`` block.
       by_op: ``{"aten.mul.Tensor": n, ...}`` (overload names as ``str(func)`` spells them).
+
+    Example:
+      >>> import torch
+      >>> x = torch.ones(3)
+      >>> with AtenOpCount() as c:
+      ...     y = (x * 2).sum()
+      >>> c.total, c.by_op["aten.mul.Tensor"], c.by_op["aten.sum.default"]
+      (2, 1, 1)
     """
 
     def __init__(self):
@@ -42,5 +50,14 @@ class AtenOpCount(TorchDispatchMode):
 
 
 def count_aten_ops() -> AtenOpCount:
-    """A fresh :class:`AtenOpCount`; use it as a context manager (``with count_aten_ops() as c``)."""
+    """A fresh :class:`AtenOpCount`; use it as a context manager (``with count_aten_ops() as c``).
+
+    Example:
+      >>> import torch
+      >>> a, b = torch.ones(2, 2), torch.ones(2, 2)
+      >>> with count_aten_ops() as c:
+      ...     _ = a @ b + 1
+      >>> c.total >= 2, sorted(c.by_op)[:1]
+      (True, ['aten.add.Tensor'])
+    """
     return AtenOpCount()
