@@ -159,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
       The exit status: 0 on success; 2 for a usage error (argparse prints the usage and one
       ``yolo-func demo: error: argument --imgsz: ...`` line to stderr) or for a ``ValueError`` /
       ``TypeError`` raised by the library (printed as one ``error: ...`` line).
+
+    Example:
+      >>> main(["demo", "--imgsz", "64"])          # doctest: +ELLIPSIS
+      yolov8n detect: ...
+      0
+      >>> main(["val", "--weights", "no-such.pt", "--data", "builtin", "--out", "val"])   # one error line on stderr
+      2
     """
     parser = argparse.ArgumentParser(prog="yolo-func", description="Functional YOLOv8 training with torch.func")
     sub = parser.add_subparsers(dest="command")

@@ -618,6 +618,18 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     Raises:
       ValueError: a bad data path, weights file or device; a run folder of another run; a
         checkpoint that does not fit the config (each message names the file or key).
+
+    Example:
+      >>> import tempfile
+      >>> from yolo_func.configs import build_config
+      >>> from yolo_func.data import builtin_dataset
+      >>> tmp = tempfile.mkdtemp()
+      >>> config = build_config("builtin-cpu", flags={"epochs": 1, "imgsz": 64, "batch": 4, "out": f"{tmp}/run"},
+      ...                       overrides=["data.workers=0", "train.plots=false", "val.coco=off"])
+      >>> result = fit(config, train_data=builtin_dataset("detect", "train", num_images=8, root=tmp),
+      ...              val_data=builtin_dataset("detect", "val", num_images=4, root=tmp), progress=False)
+      >>> result.stopped, result.epochs_done, result.steps, sorted(p.name for p in (result.run_dir / "weights").iterdir())
+      ('completed', 1, 2, ['best.pt', 'last.pt'])
     """
     from tqdm.auto import tqdm
 
