@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import json
 import threading
-import time
 
 import pytest
 import torch
@@ -85,22 +84,26 @@ def test_each_validation_is_scored_by_pycocotools_as_evaluate_scores_it(tmp_path
 
 
 def test_the_next_epoch_trains_while_the_previous_one_is_scored(tmp_path, monkeypatch):
+    """Epoch 1's evaluation blocks until epoch 2 has trained a step (deterministic: no sleeps to
+    race under load). A fit that waited for the evaluation before training on would never train
+    that step: the evaluation's 60-s wait would run out and the overlap would read False."""
     spans = {}
-    steps = []
+    epoch_2_trained = threading.Event()
 
-    def slow(gt, records, *, image_ids, iou_types):  # epoch 1's takes 2 s, epoch 2's none (waited for at the end)
-        start = time.monotonic()
-        time.sleep(2.0 if not spans else 0.0)
-        spans[len(spans) + 1] = (start, time.monotonic(), threading.current_thread() is threading.main_thread())
+    def slow(gt, records, *, image_ids, iou_types):
+        overlapped = epoch_2_trained.wait(timeout=60.0) if not spans else None
+        spans[len(spans) + 1] = (overlapped, threading.current_thread() is threading.main_thread())
         return _zeros(iou_types)
+
+    def on_step(info):
+        if info.epoch == 1:  # 0-based: the second epoch
+            epoch_2_trained.set()
 
     monkeypatch.setattr(coco_background, "evaluate_records", slow)
     train, val = _data(tmp_path / "data", "detect")
-    r = fit(_config(tmp_path / "run"), train_data=train, val_data=val, progress=False, on_step=lambda info: steps.append((info.epoch, info.batch_index, time.monotonic())))
-    assert sorted(spans) == [1, 2] and not any(main for _, _, main in spans.values())
-    first_step_of_epoch_2 = next(t for e, b, t in steps if (e, b) == (1, 0))
-    start, end, _ = spans[1]
-    assert start < first_step_of_epoch_2 < end  # epoch 2 trained while epoch 1 was being scored
+    r = fit(_config(tmp_path / "run"), train_data=train, val_data=val, progress=False, on_step=on_step)
+    assert sorted(spans) == [1, 2] and not any(main for _, main in spans.values())
+    assert spans[1][0] is True  # epoch 2 trained while epoch 1 was being scored
     assert r.coco == _zeros(["bbox"])  # the last one was waited for
     assert [e["epoch"] for e in _events(tmp_path / "run", "coco")] == [1, 2]
 
