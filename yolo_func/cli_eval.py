@@ -194,7 +194,7 @@ def _val(args: argparse.Namespace) -> int:
     print(how)
     metrics, records = evaluate_with_records(
         w.model, w.params, w.state, dataset, image_size=args.imgsz, batch_size=args.batch, device=args.device,
-        conf=args.conf, iou=args.iou, class_map=class_map, workers=args.workers,
+        conf=args.conf, iou=args.iou, class_map=class_map, workers=args.workers, precision=args.precision,
     )
     out = Path(args.out)
     _write_json(out / "metrics.json", metrics)
@@ -219,7 +219,7 @@ def _predict(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr)
 
     preds = predict(w.model, w.params, w.state, args.source, conf=args.conf, iou=args.iou, image_size=args.imgsz,
-                    device=args.device, names=w.names, on_problem=report)
+                    device=args.device, names=w.names, on_problem=report, precision=args.precision)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     records, read, used = [], 0, set()
@@ -278,6 +278,8 @@ def add_eval_commands(sub: Any, image_size_type: Any, positive_int_type: Any) ->
     val.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
     val.add_argument("--device", default=None, help="cpu, cuda, cuda:1 or 0; None: cuda when available, else cpu")
     val.add_argument("--workers", type=int, default=4, help="loader worker processes (0: in this process)")
+    val.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                     help="the network's autocast: auto = bf16 on CUDA, fp32 on the CPU")
     pred = sub.add_parser("predict", help="detections and pictures for images, a folder or a glob", formatter_class=fmt)
     pred.add_argument("--weights", required=True, default=argparse.SUPPRESS, help="our checkpoint or a reference-layout .pt")
     pred.add_argument("--source", required=True, nargs="+", default=argparse.SUPPRESS, help="image files, folders or glob patterns")
@@ -286,4 +288,6 @@ def add_eval_commands(sub: Any, image_size_type: Any, positive_int_type: Any) ->
     pred.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
     pred.add_argument("--imgsz", type=image_size_type, default=640, help="long side of the network input, a multiple of 32")
     pred.add_argument("--device", default=None, help="cpu, cuda, cuda:1 or 0; None: cuda when available, else cpu")
+    pred.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                      help="the network's autocast: auto = bf16 on CUDA, fp32 on the CPU")
     return {"val": _val, "predict": _predict}

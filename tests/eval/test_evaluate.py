@@ -212,3 +212,31 @@ def test_cuda_replayed_validation_equals_eager(shared_data: Path, task):
         for kind in ("bbox", "keypoints"):
             for k, v in eager.get(kind, {}).items():
                 assert replayed[kind][k] == pytest.approx(v, abs=1e-3), (batch_size, kind, k)
+
+
+def test_precision_picks_the_autocast_of_the_network_forward(monkeypatch):
+    """``precision=`` is the autocast the network runs under (seen from inside ``predict``): fp32
+    on the CPU by default, bf16 / fp16 when asked; "auto" and "fp32" give identical metrics on the
+    CPU; a bad value names the choices."""
+    from yolo_func.data import builtin_dataset
+
+    model = yolov8("n", task="detect", num_classes=5)
+    params, state = model.init(torch.Generator().manual_seed(0))
+    data = builtin_dataset("detect", "val", num_images=2)
+    seen = []
+    real = type(model).predict
+
+    def spy(self, p, s, x):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return real(self, p, s, x)
+
+    monkeypatch.setattr(type(model), "predict", spy)
+    kw = dict(image_size=64, batch_size=2, device="cpu", workers=0, progress=False, verbose=False, coco=False)
+    results = {}
+    for precision, expected in (("auto", None), ("fp32", None), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        seen.clear()
+        results[precision] = evaluate(model, params, state, data, precision=precision, **kw)
+        assert seen and set(seen) == {expected}, (precision, seen)
+    assert results["auto"] == results["fp32"]
+    with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'bf16', 'fp16', 'fp32'\)"):
+        evaluate(model, params, state, data, precision="fp64", **kw)

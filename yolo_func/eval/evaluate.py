@@ -215,6 +215,27 @@ def _ground_truth(batch, letterboxes: Sequence[Letterbox]) -> list[GroundTruth]:
     return out
 
 
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``precision`` on ``device`` (None: no autocast, float32).
+
+    ``"auto"``: BF16 on CUDA (the training step's precision), float32 elsewhere; ``"bf16"`` /
+    ``"fp16"``: that dtype on any device (the reference's validation during training runs FP16);
+    ``"fp32"``: no autocast.
+
+    Example:
+      >>> _autocast_dtype("auto", torch.device("cpu")) is None, _autocast_dtype("fp16", torch.device("cpu"))
+      (True, torch.float16)
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"[yolo_func] precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+
+
 class ValReplay:
     """Forward + decode + static NMS of val batches as CUDA graphs, one per (B, H, W), bounded.
 
@@ -234,10 +255,12 @@ class ValReplay:
     """
 
     def __init__(self, model, params, state, *, batch_size: int, conf: float, iou: float, max_det: int,
-                 num_classes: int, kpt_shape, max_captures: int = 16, iters: int = 8):
+                 num_classes: int, kpt_shape, max_captures: int = 16, iters: int = 8,
+                 autocast_dtype: torch.dtype | None = torch.bfloat16):
         from yolo_func.capture import CaptureCache
 
         self.model, self.params, self.state, self.batch_size = model, params, state, batch_size
+        self.autocast_dtype = autocast_dtype
         self.settings = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=num_classes,
                              kpt_shape=kpt_shape, iters=iters)
         self.cache = CaptureCache(max_captures)
@@ -250,7 +273,7 @@ class ValReplay:
         from yolo_func.func import autocast
 
         x = inputs["images"].float() / 255
-        with autocast(x.device, torch.bfloat16):
+        with autocast(x.device, self.autocast_dtype):
             inf = self.model.predict(inputs["params"], inputs["state"], x)
         y = inf.y.float()
         padded = postprocess_static(Inference(y, None), **self.settings)
@@ -349,6 +372,7 @@ def evaluate_with_records(
     max_captures: int = 16,
     coco: bool = True,
     coco_workers: int | None = None,
+    precision: str = "auto",
 ) -> tuple[dict, list[dict]]:
     """:func:`evaluate`, also returning the COCO result records (the dataset's image and category ids).
 
@@ -386,7 +410,7 @@ def evaluate_with_records(
     # never more loader processes than cores (torch warns, and they would only contend)
     workers = max(0, min(int(workers), os.cpu_count() or 1))
     loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task)
-    amp = torch.bfloat16 if dev.type == "cuda" else None
+    amp = _autocast_dtype(precision, dev)
     from yolo_func.func import autocast
     from yolo_func.eval.postprocess import scale_to_original
 
@@ -398,7 +422,8 @@ def evaluate_with_records(
                           "not return", stacklevel=2)
         else:
             replayer = ValReplay(model, params, state, batch_size=batch_size, conf=conf, iou=iou, max_det=max_det,
-                                 num_classes=K, kpt_shape=kpts, max_captures=max_captures)
+                                 num_classes=K, kpt_shape=kpts, max_captures=max_captures,
+                                 autocast_dtype=amp)
     # masks only for COCO's segm (the internal metric scores boxes and keypoints)
     post = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=K, kpt_shape=kpts, masks=coco)
 
@@ -452,6 +477,7 @@ def evaluate(
     max_captures: int = 16,
     coco: bool = True,
     coco_workers: int | None = None,
+    precision: str = "auto",
 ) -> dict:
     """Validate ``model`` on ``dataset`` (REFERENCE.md §3.1): pycocotools numbers and the internal metric.
 
@@ -482,6 +508,9 @@ def evaluate(
       coco_workers: forked processes for pycocotools (the iou types side by side, each type's images
         split in chunks of >= 16; None: auto, on Linux from the main thread, at most the cores and
         8; 0: serial in this process; see :func:`yolo_func.eval.coco_eval.evaluate`). Same numbers.
+      precision: the network's autocast: ``"auto"`` (BF16 on CUDA, float32 on the CPU), ``"bf16"``,
+        ``"fp16"`` (the reference's validation during training) or ``"fp32"``; decode and NMS run
+        in float32 either way.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
@@ -511,4 +540,5 @@ def evaluate(
         model, params, state, dataset, image_size=image_size, batch_size=batch_size, device=device, conf=conf,
         iou=iou, max_det=max_det, class_map=class_map, kpt_shape=kpt_shape, workers=workers, progress=progress,
         verbose=verbose, replay=replay, max_captures=max_captures, coco=coco, coco_workers=coco_workers,
+        precision=precision,
     )[0]

@@ -149,6 +149,7 @@ def predict(
     max_det: int = 300,
     kpt_shape: Sequence[int] | None = None,
     on_problem: Any = None,
+    precision: str = "auto",
 ) -> list[Prediction]:
     """Detections for image files, in original pixels.
 
@@ -165,6 +166,8 @@ def predict(
       kpt_shape: (P, D) for pose models (default: from the head's channels).
       on_problem: called with each message about a skipped entry or file (default: ignored; the
         messages are also in each :class:`Prediction`'s ``error``).
+      precision: the network's autocast, as :func:`yolo_func.eval.evaluate`'s (``"auto"``: BF16 on
+        CUDA, float32 on the CPU; ``"bf16"``, ``"fp16"``, ``"fp32"``).
 
     Returns:
       One :class:`Prediction` per image file found, in source order; unreadable files have
@@ -201,7 +204,9 @@ def predict(
         if on_problem is not None:
             on_problem(msg)
     out = []
-    amp = torch.bfloat16 if dev.type == "cuda" else None
+    from yolo_func.eval.evaluate import _autocast_dtype
+
+    amp = _autocast_dtype(precision, dev)
     for path in files:
         try:
             image = read_image(path)
