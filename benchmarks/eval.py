@@ -354,7 +354,7 @@ def run_ours(loaded, ds, dev, replay: bool, args, coco: bool = True) -> dict:
         t = time.perf_counter()
         m = evaluate(loaded.model, loaded.params, loaded.state, ds, image_size=args.imgsz, batch_size=args.batch,
                      device=dev, workers=args.workers, progress=False, verbose=False, replay=replay, coco=coco,
-                     coco_workers=args.coco_workers)
+                     coco_workers=args.coco_workers, precision=args.precision)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         s = time.perf_counter() - t
@@ -412,6 +412,8 @@ def main() -> int:
     ap.add_argument("--val-tasks", nargs="+", default=["detect"], choices=list(YAMLS))
     ap.add_argument("--impl", nargs="+", default=["ours", "ours-internal", "ours-replay", "ref"],
                     choices=["ours", "ours-internal", "ours-replay", "ref"])
+    ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                    help="our network's autocast in the whole-validation rows (auto: bf16 on CUDA)")
     ap.add_argument("--coco-workers", type=int, default=None,
                     help="processes for the pycocotools iou types (default auto: one per type; 0: serial)")
     ap.add_argument("--cls-bias", nargs="+", default=["stock", "0"],
