@@ -188,3 +188,25 @@ def test_validate_records_are_in_original_pixels_with_the_dataset_category_ids(t
     assert ev.image_ids == sorted(int(i) for i in ds.image_ids)
     got = coco_evaluate(ds.coco.dataset, ev.results, iou_types=ev.iou_types, image_ids=ev.image_ids, verbose=False)
     assert got["bbox"]["AP50"] == pytest.approx(1.0) and got["bbox"]["AP"] > 0.9
+
+
+def test_the_worker_process_scores_as_the_thread_does_and_stops_with_the_fit(tmp_path):
+    """By default the records are scored in a worker interpreter (no GIL shared with training):
+    ground truth fed back as predictions scores AP 1.0 there, exactly as on the thread
+    (``process=False``), each logged to its run folder; ``finish`` stops the worker."""
+    val = builtin_dataset("detect", "val", root=tmp_path / "data", num_images=N_VAL)
+    records = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+               for a in val.coco.dataset["annotations"] if not a.get("iscrowd", 0)]
+    got = {}
+    for process in (True, False):
+        rd = RunDir(tmp_path / f"run_{process}", task="detect")
+        bg = coco_background.BackgroundCoco(val.coco, run_dir=rd, process=process)
+        bg.submit(1, list(records), image_ids=None, iou_types=["bbox"])
+        scorer = bg._scorer
+        assert (scorer is not None) == process
+        got[process] = bg.finish()
+        if process:
+            assert scorer._proc.poll() is not None  # the worker has exited
+        assert [e["epoch"] for e in _events(rd.path, "coco")] == [1]
+    assert got[True] == got[False]
+    assert got[True]["bbox"]["AP"] == pytest.approx(1.0)

@@ -410,7 +410,7 @@ class ValConfig:
     max_det: int = _opt(300, "detections kept per image", ge=1)
     batch_size: Optional[int] = _opt(None, "validation batch; None: twice data.batch_size", ge=1)
     coco: Literal["auto", "on", "off"] = _opt(
-        "auto", "pycocotools evaluation of each validation, in a background thread while training goes on (coco.csv, "
+        "auto", "pycocotools evaluation of each validation, in a worker process while training goes on (coco.csv, "
         "events.jsonl 'coco', FitResult.coco); 'auto': on when the val data carries a COCO JSON (CocoDataset, builtin)")
 
     def __post_init__(self) -> None:
