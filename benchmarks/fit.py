@@ -367,11 +367,9 @@ def main() -> None:
             for i in range(args.pairs):
                 if "eager" in args.variants:
                     run("ours", "eager", batch, i)
-                if "replay" not in args.variants:
-                    pass
-                elif cuda:
+                if "replay" in args.variants and cuda:
                     run("ours", "replay", batch, i)
-                else:
+                elif "replay" in args.variants:
                     record({"impl": "ours", "variant": "replay", "batch": batch, "run": i, "status": "skipped",
                             "error": "replay needs CUDA (on the CPU every level is the eager step)"})
             if env_ref is not None:

@@ -28,7 +28,34 @@ from torch.func import vjp
 
 from yolo_func import tree as T
 
-__all__ = ["autocast", "first_order", "flat_vjp"]
+__all__ = ["autocast", "autocast_dtype", "first_order", "flat_vjp"]
+
+
+_AUTOCAST_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+                   "none": None, "fp32": None}
+
+
+def autocast_dtype(name: str, device: torch.device | str) -> torch.dtype | None:
+    """The autocast dtype a precision name means on ``device`` (None: float32, no autocast).
+
+    One rule for the training step (``train.autocast``), :class:`~yolo_func.train.ReplayTrainStep`
+    and validation / prediction (``precision=``): ``"auto"`` is BF16 on CUDA and float32
+    elsewhere; ``"bfloat16"`` / ``"bf16"``, ``"float16"`` / ``"fp16"`` and ``"none"`` / ``"fp32"``
+    name a dtype on any device. Callers check their own vocabulary first.
+
+    Raises:
+      ValueError: an unknown name.
+
+    Example:
+      >>> from yolo_func.func import autocast_dtype
+      >>> autocast_dtype("auto", "cuda"), autocast_dtype("auto", "cpu"), autocast_dtype("fp16", "cpu")
+      (torch.bfloat16, None, torch.float16)
+    """
+    if name == "auto":
+        return torch.bfloat16 if (device if isinstance(device, str) else device.type) == "cuda" else None
+    if name not in _AUTOCAST_NAMES:
+        raise ValueError(f"[yolo_func] unknown precision {name!r}; expected 'auto' or one of {sorted(_AUTOCAST_NAMES)}")
+    return _AUTOCAST_NAMES[name]
 
 
 def autocast(device: torch.device | str, dtype: torch.dtype | None):

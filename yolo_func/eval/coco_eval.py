@@ -557,6 +557,8 @@ def _to_host(parts: list, counts: list[int]) -> list:
         return [None] * len(parts)
     if any(p is None for p in parts):
         return [None if p is None else p.detach().cpu() for p in parts]
+    if all(p.device.type == "cpu" for p in parts):  # already moved (evaluate's one copy per batch): no cat
+        return [p.detach() for p in parts]
     if all(p.shape[1:] == parts[0].shape[1:] for p in parts):
         return list(torch.cat([p.detach() for p in parts]).cpu().split(counts))
     return [p.detach().cpu() for p in parts]

@@ -219,11 +219,8 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``precision`` on ``device`` (None: no autocast, float32).
-
-    ``"auto"``: BF16 on CUDA (the training step's precision), float32 elsewhere; ``"bf16"`` /
-    ``"fp16"``: that dtype on any device (the reference's validation during training runs FP16);
-    ``"fp32"``: no autocast.
+    """``precision`` (one of :data:`PRECISIONS`) as an autocast dtype on ``device`` (None: float32):
+    :func:`yolo_func.func.autocast_dtype`, with this module's choices checked first.
 
     Example:
       >>> _autocast_dtype("auto", torch.device("cpu")) is None, _autocast_dtype("fp16", torch.device("cpu"))
@@ -231,9 +228,9 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """
     if precision not in PRECISIONS:
         raise ValueError(f"[yolo_func] precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+    from yolo_func.func import autocast_dtype
+
+    return autocast_dtype(precision, device)
 
 
 class ValReplay:

@@ -35,6 +35,7 @@ not the evaluations ran, finished or failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -124,20 +125,18 @@ class _ProcessScorer:
 
     def close(self, *, kill: bool) -> None:
         """Stop the process: ask it to exit (``kill=False``, after it answered) or terminate it."""
+        import subprocess
+
         if not kill:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # the worker has already gone
                 self._conn.send(None)
-            except (OSError, ValueError):
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # still running: terminated below
                 self._proc.wait(timeout=5.0)
-            except Exception:  # noqa: BLE001 -- still running: terminated below
-                pass
         if self._proc.poll() is None:
             self._proc.terminate()
             try:
                 self._proc.wait(timeout=5.0)
-            except Exception:  # noqa: BLE001
+            except subprocess.TimeoutExpired:
                 self._proc.kill()
         self._conn.close()
 

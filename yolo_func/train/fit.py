@@ -55,6 +55,7 @@ from yolo_func.data.loader import ValBatch, val_boxes_to_original
 from yolo_func.eval.coco_eval import CocoEvaluator, load_coco
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
 from yolo_func.eval.postprocess import Letterbox, postprocess, scale_to_original
+from yolo_func.func import autocast_dtype
 from yolo_func.models.yolov8 import Model, yolov8
 from yolo_func.optim import ema as make_ema
 from yolo_func.structures.records import Targets
@@ -164,12 +165,6 @@ def resolve_capture(capture: str, model: Model, device: torch.device) -> str:
     if capture == "auto":
         return "step" if all(h.capturable for h in model.heads.values()) else "network"
     return capture
-
-
-def _autocast_dtype(autocast: str, device: torch.device) -> torch.dtype | None:
-    if autocast == "bfloat16" or (autocast == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -560,16 +555,16 @@ class _FollowerRunDir:
         return getattr(self._rd, name)
 
     def begin(self, *args, **kwargs) -> None:
-        pass
+        """Rank 0 writes the run's header."""
 
     def save(self, *args, **kwargs) -> None:
-        pass
+        """Rank 0 writes the checkpoints."""
 
     def wait(self) -> None:
-        pass
+        """No checkpoint write of this rank to wait for."""
 
     def event(self, *args, **kwargs) -> None:
-        pass
+        """Rank 0 writes events.jsonl."""
 
     def log_epoch(self, row: dict, **kwargs) -> bool:
         return False  # rank 0's verdict is broadcast
@@ -682,7 +677,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     sync_bn = ctx is not None and config.train.sync_bn
     if ctx is not None:
         level = _capture_for_ranks(level, config.train.capture, model, sync_bn, say)
-    dtype = _autocast_dtype(config.train.autocast, device)
+    dtype = autocast_dtype(config.train.autocast, device)
     workers = config.data.workers
     loader = TrainLoader(train_data, batch_size=config.data.batch_size, image_size=config.data.image_size,
                          workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,

@@ -54,6 +54,7 @@ import torch
 from yolo_func import tree as T
 from yolo_func._types import Feats
 from yolo_func.capture import CaptureCache, Captured, CaptureUnavailable, capture_step, capture_vjp
+from yolo_func.func import autocast_dtype
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates_
@@ -443,7 +444,7 @@ class ReplayTrainStep:
     # -- helpers used by the levels -------------------------------------------------------------
     def _dtype(self, images: torch.Tensor):
         if self.autocast_dtype == "auto":
-            return torch.bfloat16 if images.device.type == "cuda" else None
+            return autocast_dtype("auto", images.device)
         return self.autocast_dtype
 
     def _prepare(self, batch: Batch) -> Batch:
