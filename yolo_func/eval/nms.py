@@ -8,23 +8,29 @@ the output, in that order.
 Tie rule: candidates with equal scores are ranked by their index (lower index first), i.e. a
 *stable* sort by score, descending. The callers here pass candidates already in that order.
 
-Algorithm (no per-box Python loop, no host sync in the static form). Candidates are processed in
-blocks of ``block`` ranks:
+Greedy keep is the unique fixed point of ``keep[i] = valid[i] and not any(keep[j] and S[j, i] for
+j < i)`` with ``S[j, i] = IoU(j, i) > iou`` (unique because S is strictly upper triangular: rank i
+depends only on ranks < i). Two forms compute it:
 
-1. the block is first suppressed by the boxes already kept. At most ``max_det`` kept boxes matter
-   (a later kept box would be past ``max_det`` anyway), so this is a ``[B, max_det, block]`` IoU;
-2. inside the block the greedy rule is a fixed point: ``keep[i] = alive[i] and not any(keep[j]
-   and S[j, i] for j < i)`` with ``S[j, i] = IoU(j, i) > iou``. Starting from ``keep = alive`` and
-   iterating reaches the greedy answer exactly; after ``t`` iterations every candidate whose chain
-   of suppression dependencies is shorter than ``t`` is settled, so ``block`` iterations always
-   suffice and real detections settle in a handful;
-3. the newly kept boxes are appended to the kept buffer (a static-shape scatter).
+**Eager** (``iters=None``): blocks of ``block`` ranks. Each block is first suppressed by the boxes
+already kept (at most ``max_det`` matter: a later kept box is past ``max_det`` anyway), a
+``[B, max_det, block]`` IoU, then iterated to its fixed point inside the block (one host check per
+iteration), only on the images that can still keep a box; it stops once every image has
+``max_det`` boxes. Exact.
 
-Work is ``O(N * (max_det + block) * t)`` per image for N candidates and t fixed-point iterations,
-in ``ceil(N / block) * t`` sequential device steps. The eager form iterates each block to its
-fixed point (one host check per iteration) and stops once every image has ``max_det`` boxes; the
-static form runs a fixed number of iterations per block and reports, per image, whether every
-block had settled (``converged``); it is exact whenever ``converged`` is true.
+**Static** (``iters`` an int; no host sync, no data-dependent shape, CUDA-graph capturable): the
+suppression matrix S of all N candidates once (``[B, N, N]`` zeros and ones, built ``block`` rows at a
+time against the columns after them, so ~N^2/2 IoUs), then ``iters`` Jacobi passes of the rule
+above over every candidate at once, starting from ``keep = valid`` (Cluster-NMS, Zheng et al.,
+"Enhancing Geometric Factors in Model Learning and Inference for Object Detection and Instance
+Segmentation", 2021), each one batched vector-matrix product ``keep @ S``. After t passes ranks 0..t-1 are exact (rank
+i depends only on ranks < i), so ``iters >= N`` is always exact; clustered detections settle in a
+handful of passes. One more pass is the certificate: where it agrees with the result on every rank
+up to r, ranks 0..r are the greedy answer (by induction on the rank). ``converged[b]`` is True iff
+the output of image b is provably the greedy answer: its first ``max_det`` kept boxes all lie in
+that agreeing prefix, or the whole result is a fixed point and the N candidates given hold every
+valid candidate of the image (``total``). Launches: ``ceil(N / block)`` IoU groups (~16 ops each)
+plus ``3 * (iters + 1)`` plus ~15, independent of the data.
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ class NmsResult(NamedTuple):
       index: int64[B, max_det], candidate ranks of the kept boxes in output order (0 where padded).
       valid: bool[B, max_det], True for real rows (a prefix of each row).
       count: int64[B], number of kept boxes (``valid.sum(1)``).
-      converged: bool[B], True where every block reached its fixed point (always True in the eager
-        form); where False the result may keep a box that greedy NMS would drop.
+      converged: bool[B], True where the result is provably the greedy answer (always True in the
+        eager form); where False the static form may keep a box that greedy NMS drops, or miss one
+        it keeps (see the module docstring).
     """
 
     index: torch.Tensor
@@ -79,29 +86,24 @@ def pairwise_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / (area_a[..., :, None] + area_b[..., None, :] - inter)
 
 
-def _settle_block(alive: torch.Tensor, sup: torch.Tensor, iters: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy keep inside one block: fixed point of ``keep = alive & ~any_j(keep[j] & sup[j, i])``.
+def _settle_block(alive: torch.Tensor, sup: torch.Tensor) -> torch.Tensor:
+    """Greedy keep inside one block: fixed point of ``keep = alive & ~any_j(keep[j] & sup[j, i])``,
+    iterated until it holds (one host check per iteration; at most T + 1 iterations).
 
     Args:
       alive: bool[B, T] candidates not suppressed by earlier blocks.
       sup: bool[B, T, T], ``sup[b, j, i]`` True iff j < i and IoU(j, i) > threshold.
-      iters: None = iterate to the fixed point (host check per iteration); else this many.
 
     Returns:
-      ``(keep bool[B, T], settled bool[B])``.
+      keep bool[B, T].
     """
     keep = alive
-    if iters is None:
-        for _ in range(alive.shape[1] + 1):
-            new = alive & ~(sup & keep[:, :, None]).any(1)
-            if torch.equal(new, keep):
-                break
-            keep = new
-        return keep, torch.ones(alive.shape[0], dtype=torch.bool, device=alive.device)
-    for _ in range(iters):
-        keep = alive & ~(sup & keep[:, :, None]).any(1)
-    settled = (keep == (alive & ~(sup & keep[:, :, None]).any(1))).all(1)
-    return keep, settled
+    for _ in range(alive.shape[1] + 1):
+        new = alive & ~(sup & keep[:, :, None]).any(1)
+        if torch.equal(new, keep):
+            break
+        keep = new
+    return keep
 
 
 def _eager_block(bb, vv, kept_boxes, kept_valid, count, *, iou: float, max_det: int) -> torch.Tensor | None:
@@ -123,10 +125,65 @@ def _eager_block(bb, vv, kept_boxes, kept_valid, count, *, iou: float, max_det: 
     alive = v & ~by_kept
     upper = torch.ones(t, t, dtype=torch.bool, device=bb.device).triu(1)
     sup = (pairwise_iou(b, b) > iou) & upper
-    keep_active, _ = _settle_block(alive, sup, None)
+    keep_active = _settle_block(alive, sup)
     keep = torch.zeros(B, T, dtype=torch.bool, device=bb.device)
     keep[active, :t] = keep_active
     return keep
+
+
+def _suppression_matrix(boxes: torch.Tensor, *, iou: float, block: int, dtype: torch.dtype) -> torch.Tensor:
+    """``S[b, j, i]`` = 1 if j < i and IoU(boxes[b, j], boxes[b, i]) > iou else 0, as dtype[B, N, N].
+
+    Built ``block`` rows at a time, each row block only against the columns at or after its first
+    row (the upper triangle plus a sliver), so the IoU work is about ``N^2 / 2 + N * block / 2``
+    elements per image in ``ceil(N / block)`` groups of ops. The IoU values are :func:`pairwise_iou`'s,
+    elementwise the eager form's numbers.
+    """
+    B, N, _ = boxes.shape
+    S = torch.zeros(B, N, N, dtype=dtype, device=boxes.device)
+    idx = torch.arange(N, device=boxes.device)
+    for r0 in range(0, N, block):
+        r1 = min(r0 + block, N)
+        later = idx[None, r0:] > idx[r0:r1, None]  # [T, N - r0]: column after row
+        S[:, r0:r1, r0:] = (pairwise_iou(boxes[:, r0:r1], boxes[:, r0:]) > iou) & later
+    return S
+
+
+def _nms_static(boxes: torch.Tensor, valid: torch.Tensor, *, iou: float, max_det: int, block: int, iters: int,
+                total: torch.Tensor | None) -> NmsResult:
+    """The static form: the suppression matrix once, then ``iters`` Jacobi passes of the greedy rule
+    over every candidate at once (Cluster-NMS), one more pass as the exactness check."""
+    B, N, _ = boxes.shape
+    dev = boxes.device
+    if N == 0:
+        z = torch.zeros(B, max_det, dtype=torch.int64, device=dev)
+        cov = torch.ones(B, dtype=torch.bool, device=dev) if total is None else total <= 0
+        return NmsResult(z, z.bool(), z[:, 0], cov)
+    # 0/1 matrix: one pass is a batched vector-matrix product (counts of kept suppressors; exact
+    # in float32 and, as "> 0", in float16 whatever the accumulation), one read of S per pass
+    S = _suppression_matrix(boxes, iou=iou, block=block, dtype=torch.float16 if dev.type == "cuda" else torch.float32)
+
+    def suppressed(keep):
+        return torch.bmm(keep.to(S.dtype)[:, None, :], S)[:, 0] > 0
+
+    keep = valid
+    for _ in range(iters):
+        keep = valid & ~suppressed(keep)
+    check = valid & ~suppressed(keep)
+    # keep equals greedy on every rank before the first disagreement with its own next pass
+    exact_prefix = (keep != check).cumsum(1) == 0
+    exact_kept = (keep & exact_prefix).sum(1)
+    fixed_point = exact_prefix[:, -1]
+    covered = torch.ones_like(fixed_point) if total is None else total <= valid.sum(1)
+    converged = (exact_kept >= max_det) | (fixed_point & covered)
+    pos = keep.long().cumsum(1) - 1
+    pos = torch.where(keep & (pos < max_det), pos, torch.full_like(pos, max_det))  # slot max_det: a sink
+    ranks = torch.arange(N, device=dev).expand(B, N)
+    kept_index = torch.zeros(B, max_det + 1, dtype=torch.int64, device=dev).scatter(1, pos, ranks)[:, :max_det]
+    count = keep.sum(1).clamp(max=max_det)
+    out_valid = torch.arange(max_det, device=dev)[None] < count[:, None]
+    index = torch.where(out_valid, kept_index, torch.zeros_like(kept_index))
+    return NmsResult(index, out_valid, count, converged)
 
 
 def nms_sorted(
@@ -137,6 +194,7 @@ def nms_sorted(
     max_det: int,
     block: int = 256,
     iters: int | None = None,
+    total: torch.Tensor | None = None,
 ) -> NmsResult:
     """Greedy NMS over candidates already ranked by score (descending, ties by index).
 
@@ -145,16 +203,31 @@ def nms_sorted(
       valid: bool[B, N]; invalid candidates are neither kept nor suppress anything.
       iou: suppress when IoU > iou.
       max_det: keep at most this many per image.
-      block: candidates settled together (memory ``B * block^2`` booleans).
+      block: eager: candidates settled together (memory ``B * block^2`` booleans); static: rows of
+        the suppression matrix per IoU step (memory ``B * block * N`` floats). Results do not
+        depend on it.
       iters: None = eager (each block iterated to its fixed point, early stop when every image is
-        full; host syncs); an int = static (this many iterations per block, no host sync, capturable
-        in a CUDA graph).
+        full; host syncs); an int = static (this many Jacobi passes over all N candidates, no host
+        sync, capturable in a CUDA graph; ``converged`` says where the result is exact).
+      total: static form only: int64[B], the number of valid candidates each image has in all
+        (when ``boxes`` holds only the highest-ranked ones); None = ``boxes`` holds them all.
 
     Returns:
       :class:`NmsResult`.
 
     Raises:
-      ValueError: mismatched shapes or a non-positive ``max_det`` / ``block``.
+      ValueError: mismatched shapes or a non-positive ``max_det`` / ``block`` / ``iters``.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.eval.nms import nms_sorted
+      >>> boxes = torch.tensor([[[0.0, 0, 10, 10], [1, 0, 11, 10], [2, 0, 12, 10], [20, 20, 30, 30]]])
+      >>> valid = torch.ones(1, 4, dtype=torch.bool)      # ranked; IoU(0,1) = IoU(1,2) = 0.82, IoU(0,2) = 0.67
+      >>> nms_sorted(boxes, valid, iou=0.7, max_det=3).index.tolist()
+      [[0, 2, 3]]
+      >>> r = nms_sorted(boxes, valid, iou=0.7, max_det=3, iters=4)   # static form: same boxes, exact
+      >>> r.index.tolist(), r.converged.tolist()
+      ([[0, 2, 3]], [True])
     """
     if boxes.dim() != 3 or boxes.shape[-1] != 4 or valid.shape != boxes.shape[:2]:
         raise ValueError(
@@ -163,6 +236,10 @@ def nms_sorted(
         )
     if max_det < 1 or block < 1:
         raise ValueError(f"[yolo_func] nms_sorted: max_det and block must be >= 1, got {max_det} and {block}")
+    if iters is not None:
+        if not isinstance(iters, int) or iters < 1:
+            raise ValueError(f"[yolo_func] nms_sorted: iters must be a positive int (or None for the eager form), got {iters!r}")
+        return _nms_static(boxes, valid, iou=iou, max_det=max_det, block=block, iters=iters, total=total)
     B, N, _ = boxes.shape
     dev = boxes.device
     # Slot max_det is a sink for kept boxes past max_det (static-shape scatter target).
@@ -170,23 +247,13 @@ def nms_sorted(
     kept_valid = torch.zeros(B, max_det + 1, dtype=torch.bool, device=dev)
     kept_index = torch.zeros(B, max_det + 1, dtype=torch.int64, device=dev)
     count = torch.zeros(B, dtype=torch.int64, device=dev)
-    converged = torch.ones(B, dtype=torch.bool, device=dev)
-    # Eager: blocks up to the last valid candidate of any image only (one host read).
-    n_blocks = N if iters is not None else int((valid * torch.arange(1, N + 1, device=dev)).max()) if N else 0
+    # Blocks up to the last valid candidate of any image only (one host read).
+    n_blocks = int((valid * torch.arange(1, N + 1, device=dev)).max()) if N else 0
     for start in range(0, n_blocks, block):
         bb, vv = boxes[:, start : start + block], valid[:, start : start + block]
-        if iters is None:
-            keep = _eager_block(bb, vv, kept_boxes, kept_valid, count, iou=iou, max_det=max_det)
-            if keep is None:  # no image can keep a box in this block
-                continue
-        else:
-            T = bb.shape[1]
-            by_kept = ((pairwise_iou(kept_boxes[:, :max_det], bb) > iou) & kept_valid[:, :max_det, None]).any(1)
-            alive = vv & ~by_kept
-            upper = torch.ones(T, T, dtype=torch.bool, device=dev).triu(1)
-            sup = (pairwise_iou(bb, bb) > iou) & upper
-            keep, settled = _settle_block(alive, sup, iters)
-            converged = converged & settled
+        keep = _eager_block(bb, vv, kept_boxes, kept_valid, count, iou=iou, max_det=max_det)
+        if keep is None:  # no image can keep a box in this block
+            continue
         T = bb.shape[1]
         pos = count[:, None] + keep.long().cumsum(1) - 1
         pos = torch.where(keep & (pos < max_det), pos, torch.full_like(pos, max_det))
@@ -195,10 +262,10 @@ def nms_sorted(
         ranks = torch.arange(start, start + T, device=dev).expand(B, T)
         kept_index = kept_index.scatter(1, pos, ranks)
         count = count + keep.sum(1)
-        if iters is None and bool((count >= max_det).all()):
+        if bool((count >= max_det).all()):
             break
     count = count.clamp(max=max_det)
     slots = torch.arange(max_det, device=dev)
     out_valid = slots[None] < count[:, None]
     index = torch.where(out_valid, kept_index[:, :max_det], torch.zeros_like(kept_index[:, :max_det]))
-    return NmsResult(index, out_valid, count, converged)
+    return NmsResult(index, out_valid, count, torch.ones(B, dtype=torch.bool, device=dev))

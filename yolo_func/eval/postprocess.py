@@ -32,10 +32,13 @@ __all__ = [
     "unpad",
     "scale_to_original",
     "MAX_CANDIDATES",
+    "STATIC_CANDIDATES",
 ]
 
 #: The reference's cap on NMS input rows per image (``max_nms``).
 MAX_CANDIDATES = 30000
+#: Rows per image the static form ranks and gives to its NMS (:func:`postprocess_static`).
+STATIC_CANDIDATES = 1024
 
 
 class Detections(NamedTuple):
@@ -161,10 +164,14 @@ def _layout(inference: Inference, num_classes: int | None, kpt_shape: tuple[int,
     return K, kpts
 
 
-def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_cand: int | None, max_candidates: int):
+def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_cand: int | None, max_candidates: int,
+          with_total: bool = False):
     """Ranked candidate rows: ``(boxes xyxy [B,N,4], scores [B,N], classes [B,N], extra [B,N,E], valid [B,N])``.
 
-    ``n_cand`` None means eager: N = the largest per-image candidate count, capped (one host read).
+    ``n_cand`` None means eager: N = the largest per-image candidate count, capped (one host read);
+    an int: the ``n_cand`` highest-ranked rows (static shapes). ``with_total`` (static only) appends
+    int64[B], each image's number of valid rows after the ``max_candidates`` cap (what the eager
+    form ranks).
     """
     dtype = torch.promote_types(inference.y.dtype, torch.float32)
     y = inference.y.to(dtype).transpose(1, 2)  # [B, A, C]
@@ -188,15 +195,16 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
         n_cand = max_candidates
     n_cand = max(1, min(n_cand, rows))
     key = torch.where(row_valid, row_scores, torch.full_like(row_scores, -torch.inf))
-    idx = _top_rows(key, n_cand)
-    # Stable sort of the selected rows by score (descending): ties keep the lower row index first.
-    idx = idx.gather(1, key.gather(1, idx).sort(dim=1, descending=True, stable=True).indices)
+    idx = _ranked_rows(key, n_cand)
     anchor = row_anchor.gather(1, idx)
     out_scores = row_scores.gather(1, idx)
     out_valid = row_valid.gather(1, idx)
     out_classes = row_class.gather(1, idx)
     out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
     out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
+    if with_total:
+        total = row_valid.sum(1).clamp(max=max_candidates)
+        return out_boxes, out_scores, out_classes, out_extra, out_valid, total
     return out_boxes, out_scores, out_classes, out_extra, out_valid
 
 
@@ -225,6 +233,37 @@ def _valid_rows(row_scores, row_valid, per_image, n, boxes, extra, row_anchor, r
     return out_boxes, out_scores, out_classes, out_extra, valid
 
 
+def _ranked_rows(key: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of the ``n`` largest keys per row in rank order: descending key, ties lower index
+    first (a stable descending sort, cut at ``n``); static shapes.
+
+    float32 keys (the GPU path): one ``topk`` of unique int64 keys, the float's bits mapped to an
+    order-preserving int32 in the high half and ``R - 1 - index`` in the low half, so ties resolve
+    by index inside the top-k itself. Other dtypes: :func:`_top_rows` then a stable sort of the
+    ``n`` selected keys.
+
+    Args:
+      key: float[B, R] (no NaN).
+      n: 1 <= n <= R.
+
+    Returns:
+      int64[B, n].
+
+    Example:
+      >>> _ranked_rows(torch.tensor([[0.5, 0.9, 0.5, -torch.inf, 0.9]]), 4).tolist()
+      [[1, 4, 0, 2]]
+    """
+    R = key.shape[1]
+    if key.dtype == torch.float32 and R < 2**31:
+        bits = key.view(torch.int32)
+        ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # int order = float order
+        packed = ordered * 2**32 + (R - 1 - torch.arange(R, device=key.device))
+        return packed.topk(n, dim=1).indices
+    idx = _top_rows(key, n)
+    # Stable sort of the selected rows by score (descending): ties keep the lower row index first.
+    return idx.gather(1, key.gather(1, idx).sort(dim=1, descending=True, stable=True).indices)
+
+
 def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
     """Indices (ascending) of the ``n`` largest keys per row, ties at the cut taken lowest index
     first; static shapes, O(rows) work besides a top-k (no full sort of every row).
@@ -250,11 +289,17 @@ def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _nms(inference, K, *, conf, iou, max_det, multi_label, agnostic, n_cand, max_candidates, block, iters):
-    boxes, scores, classes, extra, valid = _rows(
-        inference, K, conf=conf, multi_label=multi_label, n_cand=n_cand, max_candidates=max_candidates
-    )
+    total = None
+    if n_cand is None:
+        boxes, scores, classes, extra, valid = _rows(
+            inference, K, conf=conf, multi_label=multi_label, n_cand=None, max_candidates=max_candidates
+        )
+    else:
+        boxes, scores, classes, extra, valid, total = _rows(
+            inference, K, conf=conf, multi_label=multi_label, n_cand=n_cand, max_candidates=max_candidates, with_total=True
+        )
     offset = torch.zeros_like(scores) if agnostic else classes.to(boxes.dtype) * CLASS_OFFSET
-    res = nms_sorted(boxes + offset[..., None], valid, iou=iou, max_det=max_det, block=block, iters=iters)
+    res = nms_sorted(boxes + offset[..., None], valid, iou=iou, max_det=max_det, block=block, iters=iters, total=total)
     zero = torch.zeros((), dtype=boxes.dtype, device=boxes.device)
     pick = res.index
     out_boxes = torch.where(res.valid[..., None], boxes.gather(1, pick[..., None].expand(-1, -1, 4)), zero)
@@ -428,21 +473,34 @@ def postprocess_static(
     kpt_shape: tuple[int, int] | None = None,
     max_candidates: int = MAX_CANDIDATES,
     block: int = 256,
-    iters: int = 8,
+    iters: int = 16,
     masks: bool = True,
+    candidates: int = STATIC_CANDIDATES,
 ) -> PaddedDetections:
     """Static-shape :func:`postprocess`: same rules, fixed shapes, no host sync (CUDA-graph capturable).
 
-    Every image gets ``min(max_candidates, rows)`` ranked rows (rows at or below ``conf`` are
-    carried as invalid), and each NMS block runs ``iters`` fixed-point iterations; the result
-    equals :func:`postprocess` wherever ``converged`` is True (see :mod:`yolo_func.eval.nms`).
+    Every image gets its N = ``min(candidates, max_candidates, rows)`` highest-ranked rows (rows at
+    or below ``conf`` carried as invalid), the ``[B, N, N]`` suppression matrix is built once and
+    the greedy rule runs ``iters`` Jacobi passes over it (:func:`yolo_func.eval.nms.nms_sorted`).
+    Greedy NMS decides rank i from ranks < i only, so the first N ranks are decided exactly as the
+    eager form decides them: the result equals :func:`postprocess` wherever ``converged`` is True,
+    i.e. where the passes reached the greedy answer and either ``max_det`` boxes were kept within
+    those N rows or the image has no more than N valid rows (after the ``max_candidates`` cap).
+    Elsewhere ``converged`` is False (and :func:`~yolo_func.eval.evaluate`'s replay redoes the
+    batch eagerly).
 
     Args:
       inference: as in :func:`postprocess`.
-      conf, iou, max_det, multi_label, agnostic, num_classes, kpt_shape, max_candidates, block:
+      conf, iou, max_det, multi_label, agnostic, num_classes, kpt_shape, max_candidates:
         as in :func:`postprocess`.
-      iters: fixed-point iterations per NMS block.
+      block: rows of the suppression matrix per IoU step (memory ``B * block * N`` floats; results
+        do not depend on it).
+      iters: Jacobi passes of the greedy rule (``iters >= N`` is always exact; clustered detections
+        settle in a handful).
       masks: assemble masks at prototype resolution (the ``"val"`` method) for segmentation models.
+      candidates: N, the rows per image given to the NMS (work ``B * N^2 / 2`` IoUs; the
+        reference's cap is ``max_candidates`` = 30 000, far beyond what ``max_det`` = 300 greedy
+        survivors need on real detections).
 
     Returns:
       :class:`PaddedDetections` with D = ``max_det``.
@@ -465,10 +523,12 @@ def postprocess_static(
     _check_args(conf, iou, max_det, max_candidates)
     if not isinstance(iters, int) or iters < 1:
         raise ValueError(f"[yolo_func] postprocess_static: iters must be a positive int, got {iters!r}")
+    if not isinstance(candidates, int) or candidates < 1:
+        raise ValueError(f"[yolo_func] postprocess_static: candidates must be a positive int, got {candidates!r}")
     K, kpts = _layout(inference, num_classes, kpt_shape)
     boxes, scores, classes, extra, res = _nms(
         inference, K, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
-        n_cand=max_candidates, max_candidates=max_candidates, block=block, iters=iters,
+        n_cand=min(candidates, max_candidates), max_candidates=max_candidates, block=block, iters=iters,
     )
     B = boxes.shape[0]
     out_masks = out_kpts = None
