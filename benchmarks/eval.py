@@ -42,15 +42,18 @@ on CPU; median and min in ms per batch):
 
 - ``eager``: :func:`yolo_func.eval.postprocess` (``mask_method="val"``): a list of variable-length
   detections (host reads of the candidate and kept counts);
-- ``static``: :func:`yolo_func.eval.postprocess_static` run eagerly (fixed shapes: always the
-  30 000-row candidate cap, ``iters`` fixed-point iterations per NMS block, batched masks);
+- ``static``: :func:`yolo_func.eval.postprocess_static` run eagerly (fixed shapes: the
+  ``--candidates`` highest-ranked rows per image, their ``[B, N, N]`` suppression matrix, ``--iters``
+  Jacobi passes, batched masks), one row per ``--candidates`` value;
 - ``replayed`` (CUDA only): the same ``postprocess_static`` call captured once in a
   ``torch.cuda.CUDAGraph`` and replayed on the static input.
 
 ``static`` and ``replayed`` report ``equal`` (their unpadded detections equal ``eager``'s: same
-counts and classes, scores exactly, boxes to 1e-4, masks to 0.1 % of pixels) and ``converged``
-(the fraction of images whose in-graph NMS reached its fixed point; where it did not, validation
-redoes that batch eagerly).
+counts and classes, scores exactly, boxes to 1e-4, masks to 0.1 % of pixels; an image whose
+``converged`` is False may differ) and ``converged`` (the fraction of images whose static result is
+certified exact: settled passes and ``max_det`` boxes kept within the N ranks, or no more valid rows
+than N; where it is not, validation redoes that batch eagerly). ``ops`` counts the aten ops the
+static form dispatches once (views included; on a GPU roughly its kernel launches).
 
 Part ``val`` (``--val-tasks``; each ``--cls-bias`` weight): whole validation, wall-clock
 from the call to the metrics (loader start-up, reading and letterboxing, forward, NMS, masks,
@@ -289,15 +292,35 @@ def bench_post(inf: Inference, dev: torch.device, args) -> list[dict]:
         ms = time_fn(lambda: postprocess(inf, **VAL, mask_method="val"), dev, args.warmup, args.reps)
         rows.append(dict(variant="eager", **_stats(ms), **info))
 
-        static_kw = dict(**VAL, iters=args.iters)
+        for cands in args.candidates:
+            rows += _bench_static(inf, eager, info, dev, args, dict(**VAL, iters=args.iters, candidates=cands))
+    return rows
+
+
+def _certified_equal(eager, padded) -> tuple[bool, str]:
+    """``same_detections`` on the images whose ``converged`` is True (the others are redone eagerly)."""
+    conv = padded.converged.tolist()
+    got = padded.unpad()
+    return same_detections([e for e, c in zip(eager, conv) if c], [g for g, c in zip(got, conv) if c])
+
+
+def _bench_static(inf: Inference, eager, info: dict, dev: torch.device, args, static_kw: dict) -> list[dict]:
+    """Rows static / replayed of one ``postprocess_static`` setting."""
+    from yolo_func.testing import count_aten_ops
+
+    rows = []
+    extra = dict(candidates=static_kw["candidates"], iters=static_kw["iters"])
+    with torch.no_grad():
         padded = postprocess_static(inf, **static_kw)
-        eq, why = same_detections(eager, padded.unpad())
+        eq, why = _certified_equal(eager, padded)
+        with count_aten_ops() as c:
+            postprocess_static(inf, **static_kw)
         ms = time_fn(lambda: postprocess_static(inf, **static_kw), dev, args.warmup, args.reps)
-        rows.append(dict(variant="static", **_stats(ms), **info, equal=eq, why=why,
+        rows.append(dict(variant="static", **extra, **_stats(ms), **info, equal=eq, why=why, ops=c.total,
                          converged=float(padded.converged.float().mean())))
 
         if dev.type != "cuda":
-            rows.append(dict(variant="replayed", skipped="CUDA graphs need a CUDA device", **info))
+            rows.append(dict(variant="replayed", **extra, skipped="CUDA graphs need a CUDA device", **info))
             return rows
         static_in = Inference(inf.y.clone(), None if inf.protos is None else inf.protos.clone())
         side = torch.cuda.Stream()
@@ -311,9 +334,9 @@ def bench_post(inf: Inference, dev: torch.device, args) -> list[dict]:
             out = postprocess_static(static_in, **static_kw)
         graph.replay()
         torch.cuda.synchronize()
-        eq, why = same_detections(eager, out.unpad())
+        eq, why = _certified_equal(eager, out)
         ms = time_fn(graph.replay, dev, args.warmup, args.reps)
-        rows.append(dict(variant="replayed", **_stats(ms), **info, equal=eq, why=why,
+        rows.append(dict(variant="replayed", **extra, **_stats(ms), **info, equal=eq, why=why,
                          converged=float(out.converged.float().mean())))
         del graph, out, static_in
     return rows
@@ -425,7 +448,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=None, help="untimed runs before timing (default 3 on CUDA, 1 on CPU)")
-    ap.add_argument("--iters", type=int, default=8, help="fixed-point iterations per NMS block in the static form")
+    ap.add_argument("--iters", type=int, default=16, help="Jacobi passes of the static NMS (postprocess_static(iters=))")
+    ap.add_argument("--candidates", type=int, nargs="+", default=[1024],
+                    help="rows per image ranked by the static form (postprocess_static(candidates=)); one row each")
     ap.add_argument("--val-runs", type=int, default=2)
     ap.add_argument("--ref-half", action="store_true", help="the reference val with half=True (FP16; its default is FP32)")
     ap.add_argument("--seed", type=int, default=0)
@@ -453,6 +478,7 @@ def main() -> int:
                 gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, device=str(dev),
                 settings=dict(imgsz=args.imgsz, batch=args.batch, post_batch=args.post_batch, images=args.images,
                               workers=args.workers, coco_workers=args.coco_workers, reps=args.reps, warmup=args.warmup, iters=args.iters,
+                              candidates=args.candidates,
                               val_runs=args.val_runs, ref_half=args.ref_half, seed=args.seed, **VAL),
                 weights={})
     results: list[dict] = []
@@ -611,7 +637,8 @@ def _markdown(path: Path, meta: dict, results: list) -> None:
                   "| task | input | variant | median ms | min ms | dets/image | candidates/image | equal | converged | note |",
                   "|---|---|---|--:|--:|--:|--:|---|--:|---|"]
         for r in post:
-            lines.append(f"| {r['task']} | {r['input']} | {r.get('variant', '')} | {_f(r.get('median_ms'), '.2f')} | "
+            variant = r.get("variant", "") + (f" N={r['candidates']}" if "candidates" in r else "")
+            lines.append(f"| {r['task']} | {r['input']} | {variant} | {_f(r.get('median_ms'), '.2f')} | "
                          f"{_f(r.get('min_ms'), '.2f')} | {_f(r.get('detections_per_image'), '.0f')} | "
                          f"{_f(r.get('candidates_per_image'), '.0f')} | {r.get('equal', '')} | "
                          f"{_f(r.get('converged'), '.2f')} | {r.get('error') or r.get('skipped') or r.get('why') or ''} |")

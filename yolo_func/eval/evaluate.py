@@ -15,8 +15,10 @@ With ``replay=True`` on CUDA (detect and pose models) the forward, decode and st
 graph). Eager fallback, with one warning naming the reason: a segmentation model (its COCO masks
 are assembled at the original size from the coefficients, eagerly), the capture cache full (more
 distinct rect shapes than ``max_captures``), or a capture that fails; a replayed batch whose NMS
-did not reach its fixed point in ``iters`` iterations (``converged`` False) is post-processed again
-eagerly from the replayed raw output, so the results never differ from the eager path's.
+could not certify its result (``converged`` False: its Jacobi passes had not settled, or an image
+kept fewer than ``max_det`` boxes among more valid rows than the static form ranks) is
+post-processed again eagerly from the replayed raw output, so the results never differ from the
+eager path's.
 The default is ``replay=False`` until the replayed path has run on a GPU (its test,
 ``tests/eval/test_evaluate.py::test_cuda_replayed_validation_equals_eager``, has not yet).
 """
@@ -36,7 +38,7 @@ import torch
 from yolo_func import tree as T
 from yolo_func.eval.coco_eval import CocoEvaluator
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
-from yolo_func.eval.postprocess import Detections, Letterbox, postprocess, postprocess_static
+from yolo_func.eval.postprocess import STATIC_CANDIDATES, Detections, Letterbox, postprocess, postprocess_static
 from yolo_func.models.yolov8 import Inference
 
 __all__ = ["evaluate", "evaluate_with_records", "coco_ground_truth", "dataset_categories", "model_kpt_shape", "resolve_device", "ValReplay"]
@@ -244,7 +246,8 @@ class ValReplay:
       conf, iou, max_det, num_classes, kpt_shape: the validation settings (see
         :func:`~yolo_func.eval.postprocess_static`).
       max_captures: distinct shapes captured at most; later shapes run eagerly.
-      iters: fixed-point iterations per NMS block inside the graph.
+      iters: Jacobi passes of the in-graph NMS (see :func:`~yolo_func.eval.postprocess_static`).
+      candidates: rows per image given to the in-graph NMS (``postprocess_static(candidates=)``).
 
     Attributes:
       reasons: fallback reasons seen (each also warned about once).
@@ -252,14 +255,14 @@ class ValReplay:
     """
 
     def __init__(self, model, params, state, *, batch_size: int, conf: float, iou: float, max_det: int,
-                 num_classes: int, kpt_shape, max_captures: int = 16, iters: int = 8,
-                 autocast_dtype: torch.dtype | None = torch.bfloat16):
+                 num_classes: int, kpt_shape, max_captures: int = 16, iters: int = 16,
+                 autocast_dtype: torch.dtype | None = torch.bfloat16, candidates: int = STATIC_CANDIDATES):
         from yolo_func.capture import CaptureCache
 
         self.model, self.params, self.state, self.batch_size = model, params, state, batch_size
         self.autocast_dtype = autocast_dtype
         self.settings = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=num_classes,
-                             kpt_shape=kpt_shape, iters=iters)
+                             kpt_shape=kpt_shape, iters=iters, candidates=candidates)
         self.cache = CaptureCache(max_captures)
         self.reasons: list[str] = []
         self.replays = 0
@@ -320,8 +323,9 @@ class ValReplay:
         y = aux["y"][:b].clone()
         padded = aux["detections"]
         if not bool(padded.converged[:b].all()):
-            self._fallback("the in-graph NMS did not converge in its fixed iterations for a batch "
-                           "(that batch is post-processed again eagerly from the replayed output)")
+            self._fallback("the in-graph NMS could not certify its result for a batch (its passes had not "
+                           "settled, or an image kept fewer than max_det boxes among more valid candidates "
+                           "than it ranks); that batch is post-processed again eagerly from the replayed output")
             return None, Inference(y, None)
         dets = [Detections(*(None if t is None else t.clone() for t in d)) for d in padded.unpad()[:b]]
         return dets, Inference(y, None)

@@ -401,6 +401,10 @@ def postprocess(
     input_shape = _input_shape(inference)
     if letterbox is not None:  # boxes and keypoints of the whole batch at once (as scale_to_original)
         orig_boxes, orig_kpts = _scale_batch(boxes, keypoints, letterbox)
+    val_masks = None
+    if with_masks and mask_method == "val":  # the whole batch in one matmul + crop, kept rows only
+        d = max(counts, default=0)
+        val_masks = M.masks_val(inference.protos, extra[:, :d], boxes[:, :d], input_shape)
     out = []
     for b, n in enumerate(counts):
         det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n],
@@ -418,8 +422,10 @@ def postprocess(
                 )
                 out.append(orig._replace(masks=m))
                 continue
-            fn = M.masks_val if mask_method == "val" else M.masks_predict
-            m = fn(inference.protos[b], coeffs, det.boxes, input_shape)
+            if val_masks is not None:
+                m = val_masks[b, :n]
+            else:
+                m = M.masks_predict(inference.protos[b], coeffs, det.boxes, input_shape)
             if orig is not None:
                 lb = letterbox[b]
                 m = M.rescale_masks(m, input_shape=input_shape, orig_shape=(int(lb.orig_shape[0]), int(lb.orig_shape[1])),
