@@ -504,9 +504,10 @@ def postprocess_static(
       iters: Jacobi passes of the greedy rule (``iters >= N`` is always exact; clustered detections
         settle in a handful).
       masks: assemble masks at prototype resolution (the ``"val"`` method) for segmentation models.
-      candidates: N, the rows per image given to the NMS (work ``B * N^2 / 2`` IoUs; the
-        reference's cap is ``max_candidates`` = 30 000, far beyond what ``max_det`` = 300 greedy
-        survivors need on real detections).
+      candidates: N, the rows per image given to the NMS (work ``B * N^2 / 2`` IoUs and
+        ``B * N^2`` per pass; the eager form ranks up to ``max_candidates`` = 30 000). Raise it
+        when images keep fewer than ``max_det`` boxes among more than N valid rows (``converged``
+        False).
 
     Returns:
       :class:`PaddedDetections` with D = ``max_det``.
