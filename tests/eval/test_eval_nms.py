@@ -142,11 +142,13 @@ def test_ranked_rows_is_a_stable_descending_sort_cut_at_n(data, B, R, n):
     from yolo_func.eval.postprocess import _ranked_rows
 
     n = min(n, R)
-    vals = st.sampled_from([-float("inf"), 0.0, 1e-3, 0.25, 0.5, 0.5 + 2**-24, 1.0, 3e38])
+    vals = st.sampled_from([0.0, 1e-45, 1e-3, 0.25, 0.5, 0.5 + 2**-24, 1.0, 3e38, float("inf")])
     key = torch.tensor(data.draw(st.lists(vals, min_size=B * R, max_size=B * R)), dtype=torch.float32).reshape(B, R)
     want = [sorted(range(R), key=lambda i: (-float(key[b, i]), i))[:n] for b in range(B)]
-    assert _ranked_rows(key, n).tolist() == want  # the packed int64 top-k
+    assert _ranked_rows(key, n).tolist() == want  # the packed int64 top-k (keys >= 0)
     assert _ranked_rows(key.double(), n).tolist() == want  # the top-k + stable-sort path
+    neg = key.double().masked_fill(key == 0, -float("inf"))  # any order for the float64 path
+    assert _ranked_rows(neg, n).tolist() == want
 
 
 def brute_postprocess(y: np.ndarray, *, conf, iou, max_det, multi_label, agnostic, cap):
@@ -249,6 +251,16 @@ def test_static_equals_eager_and_block_invariance(cfg):
     assert (static.scores[~static.valid] == 0).all()
     for d in eager:
         assert len(d.scores) <= max_det and bool((d.scores[1:] <= d.scores[:-1]).all())
+    # float32 (the GPU dtype: the packed int64 ranking) with few candidates: certified images equal
+    inf32 = Inference(inf.y.float())
+    eager32 = postprocess(inf32, **kw)
+    for cands in (7, 64, 4096):
+        top = postprocess_static(inf32, iters=64, candidates=cands, **kw)
+        for e, t, conv in zip(eager32, top.unpad(), top.converged.tolist()):
+            if conv:
+                assert_trees_all_equal(tuple(e[:3]), tuple(t[:3]))
+        if cands == 4096:
+            assert bool(top.converged.all())
 
 
 def test_no_candidates_gives_typed_empty_detections():

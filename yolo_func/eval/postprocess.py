@@ -194,7 +194,8 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
             return _valid_rows(row_scores, row_valid, per_image, max(1, n_valid), boxes, extra, row_anchor, row_class)
         n_cand = max_candidates
     n_cand = max(1, min(n_cand, rows))
-    key = torch.where(row_valid, row_scores, torch.full_like(row_scores, -torch.inf))
+    # valid scores are > conf >= 0, so 0 ranks every invalid row after every valid one
+    key = torch.where(row_valid, row_scores, torch.zeros((), dtype=row_scores.dtype, device=row_scores.device))
     idx = _ranked_rows(key, n_cand)
     anchor = row_anchor.gather(1, idx)
     out_scores = row_scores.gather(1, idx)
@@ -237,27 +238,27 @@ def _ranked_rows(key: torch.Tensor, n: int) -> torch.Tensor:
     """Indices of the ``n`` largest keys per row in rank order: descending key, ties lower index
     first (a stable descending sort, cut at ``n``); static shapes.
 
-    float32 keys (the GPU path): one ``topk`` of unique int64 keys, the float's bits mapped to an
-    order-preserving int32 in the high half and ``R - 1 - index`` in the low half, so ties resolve
-    by index inside the top-k itself. Other dtypes: :func:`_top_rows` then a stable sort of the
-    ``n`` selected keys.
+    float32 keys (the GPU path): one ``topk`` of unique int64 keys, the float's bits in the high
+    half (for floats >= +0 the int32 bit patterns are in the floats' order) and ``R - 1 - index``
+    in the low half, so ties resolve by index inside the top-k itself. Other dtypes:
+    :func:`_top_rows` then a stable sort of the ``n`` selected keys.
 
     Args:
-      key: float[B, R] (no NaN).
+      key: float[B, R], >= +0 when float32 (no NaN, no -0.0: the caller's scores > conf >= 0,
+        0 for the invalid rows); any non-NaN values otherwise.
       n: 1 <= n <= R.
 
     Returns:
       int64[B, n].
 
     Example:
-      >>> _ranked_rows(torch.tensor([[0.5, 0.9, 0.5, -torch.inf, 0.9]]), 4).tolist()
+      >>> _ranked_rows(torch.tensor([[0.5, 0.9, 0.5, 0.0, 0.9]]), 4).tolist()
       [[1, 4, 0, 2]]
     """
     R = key.shape[1]
     if key.dtype == torch.float32 and R < 2**31:
-        bits = key.view(torch.int32)
-        ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # int order = float order
-        packed = ordered * 2**32 + (R - 1 - torch.arange(R, device=key.device))
+        packed = key.view(torch.int32).to(torch.int64).mul_(2**32)
+        packed.add_(R - 1 - torch.arange(R, device=key.device))
         return packed.topk(n, dim=1).indices
     idx = _top_rows(key, n)
     # Stable sort of the selected rows by score (descending): ties keep the lower row index first.
