@@ -43,8 +43,9 @@ on CPU; median and min in ms per batch):
 - ``eager``: :func:`yolo_func.eval.postprocess` (``mask_method="val"``): a list of variable-length
   detections (host reads of the candidate and kept counts);
 - ``static``: :func:`yolo_func.eval.postprocess_static` run eagerly (fixed shapes: the
-  ``--candidates`` highest-ranked rows per image, their ``[B, N, N]`` suppression matrix, ``--iters``
-  Jacobi passes, batched masks), one row per ``--candidates`` value;
+  ``--candidates`` highest-ranked rows per image, their ``[B, N, N]`` suppression matrix built
+  ``--block`` rows per IoU step, ``--iters`` Jacobi passes, batched masks), one row per
+  ``--candidates`` value;
 - ``replayed`` (CUDA only): the same ``postprocess_static`` call captured once in a
   ``torch.cuda.CUDAGraph`` and replayed on the static input.
 
@@ -293,7 +294,8 @@ def bench_post(inf: Inference, dev: torch.device, args) -> list[dict]:
         rows.append(dict(variant="eager", **_stats(ms), **info))
 
         for cands in args.candidates:
-            rows += _bench_static(inf, eager, info, dev, args, dict(**VAL, iters=args.iters, candidates=cands))
+            rows += _bench_static(inf, eager, info, dev, args,
+                                  dict(**VAL, iters=args.iters, candidates=cands, block=args.block))
     return rows
 
 
@@ -309,7 +311,7 @@ def _bench_static(inf: Inference, eager, info: dict, dev: torch.device, args, st
     from yolo_func.testing import count_aten_ops
 
     rows = []
-    extra = dict(candidates=static_kw["candidates"], iters=static_kw["iters"])
+    extra = dict(candidates=static_kw["candidates"], iters=static_kw["iters"], block=static_kw["block"])
     with torch.no_grad():
         padded = postprocess_static(inf, **static_kw)
         eq, why = _certified_equal(eager, padded)
@@ -451,6 +453,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=16, help="Jacobi passes of the static NMS (postprocess_static(iters=))")
     ap.add_argument("--candidates", type=int, nargs="+", default=[1024],
                     help="rows per image ranked by the static form (postprocess_static(candidates=)); one row each")
+    ap.add_argument("--block", type=int, default=256, help="suppression-matrix rows per IoU step (postprocess_static(block=))")
     ap.add_argument("--val-runs", type=int, default=2)
     ap.add_argument("--ref-half", action="store_true", help="the reference val with half=True (FP16; its default is FP32)")
     ap.add_argument("--seed", type=int, default=0)
@@ -478,7 +481,7 @@ def main() -> int:
                 gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, device=str(dev),
                 settings=dict(imgsz=args.imgsz, batch=args.batch, post_batch=args.post_batch, images=args.images,
                               workers=args.workers, coco_workers=args.coco_workers, reps=args.reps, warmup=args.warmup, iters=args.iters,
-                              candidates=args.candidates,
+                              candidates=args.candidates, block=args.block,
                               val_runs=args.val_runs, ref_half=args.ref_half, seed=args.seed, **VAL),
                 weights={})
     results: list[dict] = []
