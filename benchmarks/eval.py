@@ -299,9 +299,11 @@ def bench_post(inf: Inference, dev: torch.device, args) -> list[dict]:
     return rows
 
 
-def _certified_equal(eager, padded) -> tuple[bool, str]:
+def _certified_equal(eager, padded) -> tuple[bool | None, str]:
     """``same_detections`` on the images whose ``converged`` is True (the others are redone eagerly)."""
     conv = padded.converged.tolist()
+    if not any(conv):
+        return None, "no image certified"
     got = padded.unpad()
     return same_detections([e for e, c in zip(eager, conv) if c], [g for g, c in zip(got, conv) if c])
 
@@ -643,7 +645,7 @@ def _markdown(path: Path, meta: dict, results: list) -> None:
             variant = r.get("variant", "") + (f" N={r['candidates']}" if "candidates" in r else "")
             lines.append(f"| {r['task']} | {r['input']} | {variant} | {_f(r.get('median_ms'), '.2f')} | "
                          f"{_f(r.get('min_ms'), '.2f')} | {_f(r.get('detections_per_image'), '.0f')} | "
-                         f"{_f(r.get('candidates_per_image'), '.0f')} | {r.get('equal', '')} | "
+                         f"{_f(r.get('candidates_per_image'), '.0f')} | {'-' if r.get('equal', '') is None else r.get('equal', '')} | "
                          f"{_f(r.get('converged'), '.2f')} | {r.get('error') or r.get('skipped') or r.get('why') or ''} |")
     val = [r for r in results if r.get("part") == "val"]
     if val:
