@@ -180,6 +180,28 @@ def test_val_replay_falls_back_with_the_reason_off_cuda():
     assert len(rep.reasons) == 1 and rep.replays == 0
 
 
+def test_replay_step_function_of_a_segmentation_model_runs_on_the_cpu():
+    """The function ValReplay captures, run plainly on the CPU for a segmentation model: boxes-only
+    static detections (no masks), the raw output and the prototypes for an eager redo; equal to
+    the eager postprocess wherever certified."""
+    from yolo_func.eval import postprocess
+    from yolo_func.eval.evaluate import ValReplay
+
+    model = yolov8("n", task="segment", num_classes=3)
+    params, state = model.init(torch.Generator().manual_seed(0))
+    rep = ValReplay(model, params, state, batch_size=2, conf=0.001, iou=0.7, max_det=30, num_classes=3, kpt_shape=None,
+                    autocast_dtype=None, candidates=256)
+    images = torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    _, out = rep._fn(None, {"params": params, "state": state, "images": images})
+    padded = out["detections"]
+    assert padded.masks is None and padded.keypoints is None and out["protos"].shape[:2] == (2, 32)
+    eager = postprocess(Inference(out["y"], out["protos"]), conf=0.001, iou=0.7, max_det=30, multi_label=True, masks=False)
+    assert bool(padded.converged.any())
+    for e, s, ok in zip(eager, padded.unpad(), padded.converged.tolist()):
+        if ok:
+            assert torch.equal(e.boxes, s.boxes) and torch.equal(e.scores, s.scores) and torch.equal(e.classes, s.classes)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("task", ["detect", "pose"])
 def test_cuda_replayed_validation_equals_eager(shared_data: Path, task):
@@ -212,6 +234,30 @@ def test_cuda_replayed_validation_equals_eager(shared_data: Path, task):
         for kind in ("bbox", "keypoints"):
             for k, v in eager.get(kind, {}).items():
                 assert replayed[kind][k] == pytest.approx(v, abs=1e-3), (batch_size, kind, k)
+
+
+@pytest.mark.cuda
+def test_cuda_replayed_segment_validation_without_coco_equals_eager(shared_data: Path):
+    """A segmentation model with ``coco=False`` (no masks needed: the internal metric scores boxes)
+    replays too, and gives the eager path's internal metric (full batches of 8: exactly)."""
+    import warnings as _w
+
+    from yolo_func.capture import num_captures
+
+    d = shared_data / "coco-tiny"
+    ds = CocoDataset(d / "annotations.json", d / "images", task="segment")
+    model = yolov8("n", task="segment", num_classes=len(ds.names))
+    params, state = model.init(torch.Generator().manual_seed(0))
+    kw = dict(image_size=IMAGE_SIZE, batch_size=8, device="cuda", conf=0.0, workers=0, progress=False, verbose=False,
+              coco=False)
+    eager = evaluate(model, params, state, ds, replay=False, **kw)
+    before = num_captures()
+    with _w.catch_warnings(record=True) as caught:
+        _w.simplefilter("always")
+        replayed = evaluate(model, params, state, ds, replay=True, **kw)
+    assert num_captures() > before
+    assert not [w for w in caught if "capture failed" in str(w.message) or "segmentation" in str(w.message)]
+    assert replayed == eager
 
 
 def test_precision_picks_the_autocast_of_the_network_forward(monkeypatch):

@@ -9,11 +9,11 @@ rectangular batches, ``Model.predict`` under ``torch.no_grad`` (BF16 autocast on
 - :class:`~yolo_func.eval.metrics.MetricAccumulator` (the reference's per-epoch metric, mAP50 /
   mAP50-95 per class and the fitness), boxes and keypoints in original pixels.
 
-With ``replay=True`` on CUDA (detect and pose models) the forward, decode and static-shape NMS
+With ``replay=True`` on CUDA (detect and pose models; segmentation models with ``coco=False``) the forward, decode and static-shape NMS
 (:func:`~yolo_func.eval.postprocess_static`) of a val batch replay as one CUDA graph per batch shape
 (:class:`ValReplay`; a short last batch is padded to the batch size, so it reuses its shape's
-graph). Eager fallback, with one warning naming the reason: a segmentation model (its COCO masks
-are assembled at the original size from the coefficients, eagerly), the capture cache full (more
+graph). Eager fallback, with one warning naming the reason: a segmentation model with ``coco=True``
+(its COCO masks are assembled at the original size from the coefficients, eagerly), the capture cache full (more
 distinct rect shapes than ``max_captures``), or a capture that fails; a replayed batch whose NMS
 could not certify its result (``converged`` False: its Jacobi passes had not settled, or an image
 kept fewer than ``max_det`` boxes among more valid rows than the static form ranks) is
@@ -239,7 +239,7 @@ class ValReplay:
     """Forward + decode + static NMS of val batches as CUDA graphs, one per (B, H, W), bounded.
 
     Args:
-      model: the model (detect or pose).
+      model: the model (detect, pose, or segment: boxes only, no masks assembled).
       params, state: CUDA trees, read where they live by every replay (not copied; they must not be
         rebound while this object is used).
       batch_size: B; shorter batches are padded with blank images to it.
@@ -262,7 +262,7 @@ class ValReplay:
         self.model, self.params, self.state, self.batch_size = model, params, state, batch_size
         self.autocast_dtype = autocast_dtype
         self.settings = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=num_classes,
-                             kpt_shape=kpt_shape, iters=iters, candidates=candidates)
+                             kpt_shape=kpt_shape, iters=iters, candidates=candidates, masks=False)
         self.cache = CaptureCache(max_captures)
         self.reasons: list[str] = []
         self.replays = 0
@@ -276,8 +276,11 @@ class ValReplay:
         with autocast(x.device, self.autocast_dtype):
             inf = self.model.predict(inputs["params"], inputs["state"], x)
         y = inf.y.float()
-        padded = postprocess_static(Inference(y, None), **self.settings)
-        return carry, {"y": y, "detections": padded}
+        out = {"y": y}
+        if inf.protos is not None:  # a segmentation model: the coefficients' layout (no masks assembled)
+            out["protos"] = inf.protos.float()
+        out["detections"] = postprocess_static(Inference(y, out.get("protos")), **self.settings)
+        return carry, out
 
     def _fallback(self, reason: str) -> None:
         if reason not in self.reasons:
@@ -321,14 +324,15 @@ class ValReplay:
         _, aux = captured.step(captured.static.carry, {"params": self.params, "state": self.state, "images": images})
         self.replays += 1
         y = aux["y"][:b].clone()
+        protos = aux["protos"][:b].clone() if "protos" in aux else None
         padded = aux["detections"]
         if not bool(padded.converged[:b].all()):
             self._fallback("the in-graph NMS could not certify its result for a batch (its passes had not "
                            "settled, or an image kept fewer than max_det boxes among more valid candidates "
                            "than it ranks); that batch is post-processed again eagerly from the replayed output")
-            return None, Inference(y, None)
+            return None, Inference(y, protos)
         dets = [Detections(*(None if t is None else t.clone() for t in d)) for d in padded.unpad()[:b]]
-        return dets, Inference(y, None)
+        return dets, Inference(y, protos)
 
 
 def _progress(total: int, enabled: bool):
@@ -417,7 +421,7 @@ def evaluate_with_records(
 
     replayer = None
     if replay and dev.type == "cuda":
-        if model.task == "segment":
+        if model.task == "segment" and coco:
             warnings.warn("[yolo_func] evaluate: val batches run eagerly: a segmentation model's COCO masks are "
                           "assembled at the original image size from the coefficients, which the static NMS does "
                           "not return", stacklevel=2)
@@ -500,7 +504,7 @@ def evaluate(
       progress: show a tqdm progress bar on stderr.
       verbose: print the pycocotools table.
       replay: on CUDA, replay forward + decode + NMS as CUDA graphs (:class:`ValReplay`; detect and
-        pose models; see the module docstring for the fallbacks). Off by default until the
+        pose models, segment ones with ``coco=False``; see the module docstring for the fallbacks). Off by default until the
         replayed path has run on a GPU.
       max_captures: distinct batch shapes captured at most.
       coco: run pycocotools (``bbox`` / ``segm`` / ``keypoints``); False: only the internal metric
