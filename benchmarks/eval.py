@@ -73,6 +73,8 @@ same images written in the reference's YOLO format by :func:`yolo_func.data.writ
 - ``ours-replay`` (CUDA, detect): the same with ``replay=True`` (forward + decode + static NMS
   replayed per batch shape, captured anew by every ``evaluate`` call; segmentation models fall
   back to eager, so it is not run for them);
+- ``ours-internal-replay`` (CUDA; detect and segment): ``coco=False`` and ``replay=True`` (no mask
+  is needed, so segmentation models replay too, boxes only);
 - ``ref``: ``YOLO(pt).val(data=yaml, imgsz, batch, conf=0.001, iou=0.7, plots=False, device,
   workers, rect=True)`` (plus ``half=True`` with ``--ref-half``: by default it runs FP32 where ours
   runs BF16 autocast), the reference's own validator (its own metric, no pycocotools), timed around
@@ -437,8 +439,8 @@ def main() -> int:
     ap.add_argument("--post-inputs", nargs="+", default=["model", "synthetic"], choices=["model", "synthetic"])
     ap.add_argument("--post-batch", type=int, default=None, help="images per post batch (default min(32, --images))")
     ap.add_argument("--val-tasks", nargs="+", default=["detect"], choices=list(YAMLS))
-    ap.add_argument("--impl", nargs="+", default=["ours", "ours-internal", "ours-replay", "ref"],
-                    choices=["ours", "ours-internal", "ours-replay", "ref"])
+    ap.add_argument("--impl", nargs="+", default=["ours", "ours-internal", "ours-replay", "ours-internal-replay", "ref"],
+                    choices=["ours", "ours-internal", "ours-replay", "ours-internal-replay", "ref"])
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                     help="our network's autocast in the whole-validation rows (auto: bf16 on CUDA)")
     ap.add_argument("--coco-workers", type=int, default=None,
@@ -574,7 +576,7 @@ def main() -> int:
                 for impl in args.impl:
                     if impl == "ref" and ref_version is None:
                         print("val ref skipped: ultralytics is not importable", flush=True)
-                    elif impl == "ours-replay" and dev.type != "cuda":
+                    elif impl in ("ours-replay", "ours-internal-replay") and dev.type != "cuda":
                         emit(dict(part="val", task=task, weights=key[1], impl=impl, skipped="replay needs CUDA"))
                     elif impl == "ours-replay" and task == "segment":
                         emit(dict(part="val", task=task, weights=key[1], impl=impl,
@@ -592,8 +594,8 @@ def main() -> int:
                             if impl == "ref":
                                 r = run_ref(weights[key], yaml, dev, args, tmp_dir / "ref_runs")
                             else:
-                                r = run_ours(loaded(key), ds, dev, impl == "ours-replay", args,
-                                             coco=impl != "ours-internal")
+                                r = run_ours(loaded(key), ds, dev, impl.endswith("-replay"), args,
+                                             coco=not impl.startswith("ours-internal"))
                             runs[impl].append(r)
                             emit(dict(part="val-run", task=task, weights=key[1], impl=impl, run=run + 1,
                                       images_per_s=len(ds) / r["seconds"], **r))
