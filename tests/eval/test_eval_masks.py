@@ -97,3 +97,25 @@ def test_errors():
         scale_to_original((1, 2), orig_shape=(4, 4), gain=1.0, pad=(0, 0))
     with pytest.raises(ValueError, match="mask_logits"):
         M.mask_logits(torch.zeros(3, 4, 4), torch.zeros(2, 5))
+
+
+def test_static_val_masks_equal_eager_and_padded_rows_are_empty():
+    """``postprocess_static`` masks (batched, ``"val"`` method): the eager batched masks on the real
+    rows, nothing on the padded rows (their boxes are zeros, so the crop removes every pixel)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import eval_cases as cases
+
+    from yolo_func.eval import postprocess_static
+
+    y = torch.from_numpy(cases.raw_output(5, batch=3, num_classes=3, extra=32))
+    p = torch.from_numpy(cases.protos(5, batch=3))
+    kw = dict(conf=0.2, iou=0.6, max_det=40)
+    eager = postprocess(Inference(y, p), mask_method="val", **kw)
+    static = postprocess_static(Inference(y, p), iters=64, **kw)
+    assert bool(static.converged.all()) and static.masks.shape[:2] == (3, 40)
+    assert not static.masks[~static.valid].any()
+    for e, s in zip(eager, static.unpad()):
+        assert len(e.masks) > 0 and torch.equal(e.masks, s.masks)

@@ -543,7 +543,8 @@ def postprocess_static(
     if kpts is not None:
         out_kpts = extra.reshape(B, max_det, *kpts)
     if inference.protos is not None and masks:
-        out_masks = M.masks_val(inference.protos, extra, boxes, _input_shape(inference)) & res.valid[..., None, None]
+        # padded rows have zero boxes, which crop their masks to nothing
+        out_masks = M.masks_val(inference.protos, extra, boxes, _input_shape(inference))
     return PaddedDetections(boxes, scores, classes, res.valid, res.count, out_masks, out_kpts, res.converged)
 
 
