@@ -112,7 +112,7 @@ def test_static_val_masks_equal_eager_and_padded_rows_are_empty():
 
     y = torch.from_numpy(cases.raw_output(5, batch=3, num_classes=3, extra=32))
     p = torch.from_numpy(cases.protos(5, batch=3))
-    kw = dict(conf=0.2, iou=0.6, max_det=200)
+    kw = dict(conf=0.8, iou=0.6, max_det=200)
     eager = postprocess(Inference(y, p), mask_method="val", **kw)
     static = postprocess_static(Inference(y, p), iters=64, **kw)
     assert bool(static.converged.all()) and static.masks.shape[:2] == (3, 200)
