@@ -449,3 +449,21 @@ def test_flip_in_place_equals_the_flipped_copy(horizontal, vertical):
     buf = img.copy()
     assert np.array_equal(t.apply_image(img), want)
     assert t.apply_image(buf, out=buf) is buf and np.array_equal(buf, want)
+
+
+@settings(max_examples=10)
+@given(seed=SEEDS, use_mosaic=st.booleans(), rotate=st.booleans())
+def test_augment_into_a_given_array_is_bitwise_the_same_and_reuses_no_caller_data(seed, use_mosaic, rotate):
+    recs = [A.load_resized(_rec(seed + i, keypoints=3), 128) for i in range(4)]
+    before = [r.image.copy() for r in recs]
+    cfg = A.AugmentConfig(degrees=10 if rotate else 0, flipud=0.5)
+    want = A.augment(A.record_rng(seed, 0, 1), recs, 128, cfg, use_mosaic=use_mosaic)
+    slot = np.zeros((2, 128, 128, 3), np.uint8)
+    got = A.augment(A.record_rng(seed, 0, 1), recs, 128, cfg, use_mosaic=use_mosaic, out=slot[1])
+    assert np.shares_memory(got.image, slot[1]) and not slot[0].any()
+    np.testing.assert_array_equal(got.image, want.image)
+    np.testing.assert_array_equal(got.boxes, want.boxes)
+    for r, b in zip(recs, before):  # the loaded (or cached) records are never written
+        np.testing.assert_array_equal(r.image, b)
+    again = A.augment(A.record_rng(seed, 0, 1), recs, 128, cfg, use_mosaic=use_mosaic)  # scratch reuse
+    np.testing.assert_array_equal(again.image, want.image)

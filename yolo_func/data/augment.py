@@ -80,14 +80,20 @@ _SCRATCH = threading.local()
 
 
 def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A per-thread uint8 work buffer of ``shape``, reused across calls (never returned to callers)."""
+    """A per-thread C-contiguous uint8 work array of ``shape``, reused across calls.
+
+    One flat buffer per name grows to the largest size asked for and is never shrunk, so a stream
+    of same-sized or smaller requests allocates (and page-faults) nothing. The array is overwritten
+    by the next request of the same name on the same thread: never return it to a caller.
+    """
     bufs = getattr(_SCRATCH, "buffers", None)
     if bufs is None:
         bufs = _SCRATCH.buffers = {}
+    n = math.prod(shape)
     b = bufs.get(name)
-    if b is None or b.shape != shape:
-        b = bufs[name] = np.empty(shape, np.uint8)
-    return b
+    if b is None or b.size < n:
+        b = bufs[name] = np.empty(n, np.uint8)
+    return b[:n].reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -384,7 +390,7 @@ def mosaic_partners(rng: np.random.Generator, position: int, window: Sequence[in
 
 
 def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
-           region: tuple[int, int, int, int] | None = None) -> Annotated:
+           region: tuple[int, int, int, int] | None = None, *, out: np.ndarray | None = None) -> Annotated:
     """Place four records on a ``2size x 2size`` canvas filled with 114 around ``center``.
 
     Record 0 goes top-left of the centre, then top-right, bottom-left, bottom-right (REFERENCE.md
@@ -398,6 +404,8 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
       region: optional (x0, y0, x1, y1) inside the canvas: only that part of the canvas is built
         and the labels are given relative to (x0, y0) (clipped as on the whole canvas). The
         pipeline builds only the part its affine reads (:meth:`AffineTransform.source_region`).
+      out: optional uint8 array of the canvas's shape to build it in (the pipeline passes a reused
+        work buffer: the canvas is read once by the affine and dropped).
 
     Returns:
       :class:`Annotated` with image uint8[2s, 2s, 3] (or uint8[y1 - y0, x1 - x0, 3] with ``region``).
@@ -410,7 +418,10 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
     if not (0 <= rx0 < rx1 <= s2 and 0 <= ry0 < ry1 <= s2):
         raise ValueError(f"[yolo_func] mosaic: region: expected 0 <= x0 < x1 <= {s2} and 0 <= y0 < y1 <= {s2}, "
                          f"got {region}")
-    canvas = np.empty((ry1 - ry0, rx1 - rx0, 3), np.uint8)  # only the uncovered parts are filled
+    shape = (ry1 - ry0, rx1 - rx0, 3)
+    if out is not None and (out.shape != shape or out.dtype != np.uint8):
+        raise ValueError(f"[yolo_func] mosaic: out: expected uint8{list(shape)}, got {out.dtype}{list(out.shape)}")
+    canvas = np.empty(shape, np.uint8) if out is None else out  # only the uncovered parts are filled
     parts = []
     for i, rec in enumerate(records):
         h, w = rec.image.shape[:2]
@@ -537,13 +548,18 @@ class AffineTransform(NamedTuple):
         return AffineTransform(self.matrix @ np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64),
                                self.out_shape, self.scale)
 
-    def apply_image(self, image: np.ndarray) -> np.ndarray:
-        """Warp ``uint8[h, w, 3]`` to ``uint8[H, W, 3]`` (linear, border 114)."""
+    def apply_image(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Warp ``uint8[h, w, 3]`` to ``uint8[H, W, 3]`` (linear, border 114; into ``out`` when given)."""
         H, W = self.out_shape
         border = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
-        if self.is_affine:
-            return cv2.warpAffine(image, self.matrix[:2], (W, H), flags=cv2.INTER_LINEAR, borderValue=border)
-        return cv2.warpPerspective(image, self.matrix, (W, H), flags=cv2.INTER_LINEAR, borderValue=border)
+        warp = cv2.warpAffine if self.is_affine else cv2.warpPerspective
+        M = self.matrix[:2] if self.is_affine else self.matrix
+        if out is None:
+            return warp(image, M, (W, H), flags=cv2.INTER_LINEAR, borderValue=border)
+        got = warp(image, M, (W, H), dst=out, flags=cv2.INTER_LINEAR, borderValue=border)
+        if got is not out:  # an OpenCV that did not write in place
+            out[...] = got
+        return out
 
     def apply_coords(self, xy: np.ndarray) -> np.ndarray:
         """Map points ``float[..., 2]`` (perspective divide when needed)."""
@@ -803,7 +819,8 @@ def box_candidates(before: np.ndarray, after: np.ndarray, *, scale: float = 1.0,
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 * scale * scale + eps) > area_thr) & (ar < ar_thr)
 
 
-def apply_affine(rec: Annotated, t: AffineTransform, *, fast_resize: bool = True) -> Annotated:
+def apply_affine(rec: Annotated, t: AffineTransform, *, fast_resize: bool = True,
+                 out: np.ndarray | None = None) -> Annotated:
     """Apply ``t`` to the image and every label, then the box filter.
 
     Boxes: the 4 transformed corners (min/max, clipped); with masks, each box becomes the tight box
@@ -821,16 +838,17 @@ def apply_affine(rec: Annotated, t: AffineTransform, *, fast_resize: bool = True
       rec: :class:`Annotated` (any size).
       t: the transform.
       fast_resize: allow the axis-aligned fast path (False: always ``warpAffine``).
+      out: optional uint8[H, W, 3] array the output image is written into (e.g. a batch slot).
 
     Returns:
       :class:`Annotated` of shape ``t.out_shape`` with only the surviving instances.
     """
     plan = resize_plan(t.matrix, rec.image.shape[:2], t.out_shape) if fast_resize else None
     if plan is not None:
-        image = plan.apply_image(rec.image)
+        image = plan.apply_image(rec.image, out=out)
         t = t._replace(matrix=plan.matrix)
     else:
-        image = t.apply_image(rec.image)
+        image = t.apply_image(rec.image, out=out)
     masks = t.apply_masks(rec.masks) if rec.masks is not None else None
     boxes = masks.boxes() if masks is not None else t.apply_boxes(rec.boxes)
     kpts = t.apply_keypoints(rec.keypoints) if rec.keypoints is not None else None
@@ -1028,7 +1046,7 @@ def mosaic_enabled(epoch: int, epochs: int | None, cfg: AugmentConfig) -> bool:
 
 
 def augment(rng: np.random.Generator, records: Sequence[Annotated], image_size: int, cfg: AugmentConfig, *,
-            use_mosaic: bool) -> Annotated:
+            use_mosaic: bool, out: np.ndarray | None = None) -> Annotated:
     """The training pipeline on one record: mosaic -> random affine -> HSV -> flip-ud -> flip-lr.
 
     Args:
@@ -1038,6 +1056,8 @@ def augment(rng: np.random.Generator, records: Sequence[Annotated], image_size: 
       image_size: output side s (multiple of 32).
       cfg: :class:`AugmentConfig`.
       use_mosaic: from :func:`mosaic_enabled` (the mosaic probability is drawn here).
+      out: optional uint8[s, s, 3] array to build the image in (the loader passes the record's
+        slot of the batch, so collation copies nothing); the result's image is then ``out``.
 
     Returns:
       :class:`Annotated` with image uint8[s, s, 3].
@@ -1050,13 +1070,14 @@ def augment(rng: np.random.Generator, records: Sequence[Annotated], image_size: 
         t = sample_affine(rng, (2 * s, 2 * s), (s, s), **kw)
         # Build only the part of the 2s x 2s canvas the warp reads (a third of it on average).
         x0, y0, x1, y1 = t.source_region((2 * s, 2 * s))
-        rec = mosaic(records[:4], center, s, region=(x0, y0, x1, y1))
+        rec = mosaic(records[:4], center, s, region=(x0, y0, x1, y1),
+                     out=_scratch("mosaic", (y1 - y0, x1 - x0, 3)))  # read once by the affine below
         t = t.shifted(x0, y0)
     else:
         rec = records[0]
         t = sample_affine(rng, rec.image.shape[:2], (s, s), **kw)
-    rec = apply_affine(rec, t, fast_resize=cfg.fast_resize)
-    # the affine's image is a fresh array this function owns: HSV and the flips work in place on it
+    rec = apply_affine(rec, t, fast_resize=cfg.fast_resize, out=out)
+    # the affine's image is a fresh array (or ``out``) this call owns: HSV and the flips work in place on it
     hsv = sample_hsv(rng, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v)
     hsv.apply_image(rec.image, out=rec.image)
     flips = sample_flips(rng, (s, s), flipud=cfg.flipud, fliplr=cfg.fliplr, flip_index=cfg.flip_index)
