@@ -159,10 +159,10 @@ def _time_batches(make_iter, batch: int, seconds: float, warm: int) -> dict:
 def bench_ours(ds, task, workers, cache, args) -> dict:
     t = time.perf_counter()
     loader = TrainLoader(ds, batch_size=args.batch, image_size=args.imgsz, workers=workers, cache=cache, seed=0,
-                         task=task, pin_memory=torch.cuda.is_available())
+                         task=task, pin_memory=torch.cuda.is_available() and not args.no_pin)
     setup = time.perf_counter() - t
     r = _time_batches(lambda: iter(loader), args.batch, args.seconds, max(2, workers))
-    return dict(setup_s=setup, skipped=len(loader.skipped), **r)
+    return dict(setup_s=setup, skipped=len(loader.skipped), pin=torch.cuda.is_available() and not args.no_pin, **r)
 
 
 def yolo_copy(ds, folder: Path | None, task: str, out: Path) -> Path:
@@ -234,6 +234,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--no-pin", action="store_true",
+                    help="our loader without pinned memory (diagnoses the main process's pinning cost; the fit pins)")
     ap.add_argument("--per-core", action="store_true", help="single process, OpenCV on one thread: images per CPU-second")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args()

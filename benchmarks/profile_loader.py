@@ -56,6 +56,12 @@ def main() -> None:
         "decode BGR + cvtColor in place": lambda: [cv2.cvtColor(x, cv2.COLOR_BGR2RGB, dst=x) for x in
                                                   (cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR) for d in datas)],
     }
+    try:  # optional: the libjpeg-turbo binding, for comparison only (not a dependency)
+        import simplejpeg
+
+        stages["decode simplejpeg RGB"] = lambda: [simplejpeg.decode_jpeg(d, colorspace="RGB") for d in datas]
+    except ImportError:
+        print("simplejpeg not installed: its decode row is skipped")
     for k, f in stages.items():
         print(f"{k:36s} {best_ms(f, per=len(datas))} ms/image")
     img = cv2.imdecode(np.frombuffer(datas[0], np.uint8), cv2.IMREAD_COLOR)
@@ -64,6 +70,10 @@ def main() -> None:
     lut = np.stack([np.arange(256, dtype=np.uint8)] * 3)
     lut3 = np.ascontiguousarray(lut.T.reshape(256, 1, 3))
     canvas = np.full((1280, 1280, 3), 114, np.uint8)
+    M_aa = np.float32([[0.9, 0, -270], [0, 0.9, -270]])
+    from yolo_func.data.augment import HSVTransform
+
+    hsv_t, img_copy = HSVTransform(np.array([0.01, -0.3, 0.2])), img.copy()
     M = np.float32([[0.9, 0.05, -300], [0.05, 0.9, -300]])
     micro = {
         "RGB2HSV 640": lambda: cv2.cvtColor(img, cv2.COLOR_RGB2HSV),
@@ -71,6 +81,10 @@ def main() -> None:
         "LUT 3-channel 640": lambda: cv2.LUT(hsv, lut3),
         "split + 3 LUT + merge 640": lambda: cv2.merge([cv2.LUT(p, t) for p, t in zip(cv2.split(hsv), lut)]),
         "warpAffine 1280 -> 640": lambda: cv2.warpAffine(canvas, M, (640, 640), borderValue=(114, 114, 114)),
+        "warpAffine axis-aligned s=0.9": lambda: cv2.warpAffine(canvas, M_aa, (640, 640), borderValue=(114, 114, 114)),
+        "resize crop 711 -> 640 (fast path)": lambda: cv2.resize(canvas[300:1011, 300:1011], (640, 640)),
+        "HSV pipeline (scratch buffers)": lambda: hsv_t.apply_image(img),
+        "HSV pipeline in place": lambda: hsv_t.apply_image(img_copy, out=img_copy),
         "full canvas 1280": lambda: np.full((1280, 1280, 3), 114, np.uint8),
         "copy 640 HWC": lambda: img.copy(),
     }

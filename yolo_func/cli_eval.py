@@ -279,7 +279,7 @@ def add_eval_commands(sub: Any, image_size_type: Any, positive_int_type: Any) ->
     val.add_argument("--device", default=None, help="cpu, cuda, cuda:1 or 0; None: cuda when available, else cpu")
     val.add_argument("--workers", type=int, default=4, help="loader worker processes (0: in this process)")
     val.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                     help="the network's autocast: auto = bf16 on CUDA, fp32 on the CPU")
+                     help="the network's autocast: auto = fp16 on CUDA (bf16 loses box mAP at high IoU), fp32 on the CPU")
     pred = sub.add_parser("predict", help="detections and pictures for images, a folder or a glob", formatter_class=fmt)
     pred.add_argument("--weights", required=True, default=argparse.SUPPRESS, help="our checkpoint or a reference-layout .pt")
     pred.add_argument("--source", required=True, nargs="+", default=argparse.SUPPRESS, help="image files, folders or glob patterns")
@@ -289,5 +289,5 @@ def add_eval_commands(sub: Any, image_size_type: Any, positive_int_type: Any) ->
     pred.add_argument("--imgsz", type=image_size_type, default=640, help="long side of the network input, a multiple of 32")
     pred.add_argument("--device", default=None, help="cpu, cuda, cuda:1 or 0; None: cuda when available, else cpu")
     pred.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                      help="the network's autocast: auto = bf16 on CUDA, fp32 on the CPU")
+                      help="the network's autocast: auto = fp16 on CUDA (bf16 loses box mAP at high IoU), fp32 on the CPU")
     return {"val": _val, "predict": _predict}

@@ -131,6 +131,7 @@ def test_did_you_mean_for_unknown_keys():
     ("model.kpt_shape=(17,3)", "model.kpt_shape", (17, 3)),
     ("model.task=segment", "model.task", "segment"),                    # Literal
     ("train.capture=network+heads", "train.capture", "network+heads"),
+    ("val.precision=fp16", "val.precision", "fp16"),
     ("train.device=cuda:1", "train.device", "cuda:1"),                  # str with a pattern
 ])
 def test_overrides_of_every_type(override, key, expected):

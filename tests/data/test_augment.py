@@ -339,3 +339,131 @@ def test_affine_on_the_source_region_equals_the_affine_on_the_whole_input(seed):
     assert np.count_nonzero(part.image != full.image) <= part.image.size // 500
     np.testing.assert_array_equal(part.classes, full.classes)
     np.testing.assert_allclose(part.boxes, full.boxes, atol=1)
+
+
+# ------------------------------------------------------------------- axis-aligned fast path (resize)
+@given(sx=st.floats(0.3, 2.0), sy=st.floats(0.3, 2.0), tx=st.floats(-150, 150), ty=st.floats(-150, 150),
+       h=st.integers(8, 200), w=st.integers(8, 200), H=st.sampled_from([32, 64, 96]), W=st.sampled_from([32, 64, 128]))
+def test_resize_plan_is_whole_pixel_and_within_half_a_pixel_of_the_sampled_matrix(sx, sy, tx, ty, h, w, H, W):
+    M = np.array([[sx, 0, tx], [0, sy, ty], [0, 0, 1]], np.float64)
+    p = A.resize_plan(M, (h, w), (H, W))
+    assert p is not None and p.out_shape == (H, W)
+    if p.empty:  # nothing visible: the sampled input rectangle misses the output by less than half a pixel
+        X0, X1 = tx + 0.5 * (1 - sx), sx * w + tx + 0.5 * (1 - sx)
+        Y0, Y1 = ty + 0.5 * (1 - sy), sy * h + ty + 0.5 * (1 - sy)
+        assert min(X1, W) - max(X0, 0) < 1 or min(Y1, H) - max(Y0, 0) < 1
+        return
+    x0, y0, x1, y1 = p.src
+    u0, v0, u1, v1 = p.dst
+    assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h and 0 <= u0 < u1 <= W and 0 <= v0 < v1 <= H
+    E = p.matrix
+    assert E[0, 1] == E[1, 0] == 0 and (E[2] == (0, 0, 1)).all()
+    # the effective matrix is exactly what cv2.resize implements: crop edges -> rectangle edges (pixel-edge coords)
+    edge = lambda m, X, axis: m[axis, axis] * (X - 0.5) + m[axis, 2] + 0.5  # noqa: E731
+    np.testing.assert_allclose([edge(E, x0, 0), edge(E, x1, 0), edge(E, y0, 1), edge(E, y1, 1)], [u0, u1, v0, v1],
+                               atol=1e-9)
+    # and within max(1/2 output px, 1/2 input px) of the sampled one over the visible crop (both are linear)
+    for axis, (a0, a1) in ((0, (x0, x1)), (1, (y0, y1))):
+        err = max(abs(edge(E, X, axis) - edge(M, X, axis)) for X in (a0, a1))
+        assert err <= max(0.5, 0.5 * M[axis, axis]) + 1e-9
+    assert A.resize_plan(np.array([[sx, 0.01, tx], [0, sy, ty], [0, 0, 1]]), (h, w), (H, W)) is None
+    assert A.resize_plan(np.array([[-sx, 0, tx], [0, sy, ty], [0, 0, 1]]), (h, w), (H, W)) is None
+    assert A.resize_plan(np.array([[sx, 0, tx], [0, sy, ty], [1e-4, 0, 1]]), (h, w), (H, W)) is None
+
+
+@given(seed=SEEDS, s=st.floats(0.5, 1.5), tx=st.floats(-60, 60), ty=st.floats(-60, 60))
+def test_resize_plan_pixels_equal_a_warp_with_the_effective_matrix(seed, s, tx, ty):
+    rng = np.random.default_rng(seed)
+    img = cv2.GaussianBlur(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8), (9, 9), 0)  # smooth: rounding only
+    M = np.array([[s, 0, tx], [0, s, ty], [0, 0, 1]], np.float64)
+    p = A.resize_plan(M, img.shape[:2], (96, 128))
+    got = p.apply_image(img)
+    assert got.shape == (96, 128, 3) and got.dtype == np.uint8
+    if p.empty:
+        assert (got == A.PAD_VALUE).all()
+        return
+    u0, v0, u1, v1 = p.dst
+    outside = np.ones((96, 128), bool)
+    outside[v0:v1, u0:u1] = False
+    assert (got[outside] == A.PAD_VALUE).all()  # border fill, exactly 114
+    want = cv2.warpAffine(img, p.matrix[:2], (128, 96), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    inner = (slice(v0, v1), slice(u0, u1))  # warpAffine's 1/32-px coordinates vs resize's 11-bit weights
+    assert np.abs(got[inner].astype(int) - want[inner]).max() <= 3
+    buf = np.zeros_like(got)
+    assert p.apply_image(img, out=buf) is buf and np.array_equal(buf, got)
+    # exact geometry, in float: bilinear sampling at E^-1 (u, v) (edge-clamped, as cv2.resize reads its crop)
+    imf = rng.uniform(0, 100, img.shape).astype(np.float32)
+    x0, y0, x1, y1 = p.src
+    vv, uu = np.mgrid[v0:v1, u0:u1].astype(np.float64)
+    sx = np.clip((uu - p.matrix[0, 2]) / p.matrix[0, 0], x0, x1 - 1)
+    sy = np.clip((vv - p.matrix[1, 2]) / p.matrix[1, 1], y0, y1 - 1)
+    ix, iy = np.minimum(np.floor(sx).astype(int), x1 - 2 if x1 - x0 > 1 else x0), np.minimum(np.floor(sy).astype(int), y1 - 2 if y1 - y0 > 1 else y0)
+    fx, fy = (sx - ix)[..., None], (sy - iy)[..., None]
+    jx, jy = np.minimum(ix + 1, x1 - 1), np.minimum(iy + 1, y1 - 1)
+    bil = (imf[iy, ix] * (1 - fx) * (1 - fy) + imf[iy, jx] * fx * (1 - fy) + imf[jy, ix] * (1 - fx) * fy
+           + imf[jy, jx] * fx * fy)
+    np.testing.assert_allclose(p.apply_image(imf)[inner], bil, atol=1e-3)
+
+
+@settings(max_examples=30)
+@given(seed=SEEDS, use_mosaic=st.booleans())
+def test_fast_resize_matches_the_warpaffine_path_within_1px(seed, use_mosaic):
+    """The default recipe (axis-aligned): fast path vs cv2.warpAffine of the sampled matrix."""
+    recs = [A.load_resized(_rec(seed + i, keypoints=3), 128) for i in range(4)]
+    recs = [r._replace(classes=np.arange(len(r.boxes)) + 10 * i) for i, r in enumerate(recs)]  # instance ids
+    outs = [A.augment(A.record_rng(seed, 0, 0), recs, 128, A.AugmentConfig(fast_resize=f, hsv_h=0, hsv_s=0, hsv_v=0),
+                      use_mosaic=use_mosaic) for f in (True, False)]
+    fast, slow = outs
+    assert fast.image.shape == slow.image.shape == (128, 128, 3)
+    d = np.abs(fast.image.astype(int) - slow.image)
+    assert d.mean() < 6 and np.mean(d > 64) < 0.03  # sub-pixel shifts move sharp edges only
+    common = np.intersect1d(fast.classes, slow.classes)
+    # the box filter may differ only for instances at its thresholds
+    assert len(common) >= max(len(fast.classes), len(slow.classes)) - 1
+    for c in common:
+        i, j = int(np.flatnonzero(fast.classes == c)[0]), int(np.flatnonzero(slow.classes == c)[0])
+        np.testing.assert_allclose(fast.boxes[i], slow.boxes[j], atol=1.0 + 1e-4)
+        vis = (fast.keypoints[i, :, 2] > 0) & (slow.keypoints[j, :, 2] > 0)
+        np.testing.assert_allclose(fast.keypoints[i, vis, :2], slow.keypoints[j, vis, :2], atol=0.75 + 1e-4)
+    for box, m in zip(fast.boxes, fast.masks.to_dense((128, 128))):  # still tight around its own mask
+        np.testing.assert_allclose(box, _dense_box(m), atol=0)
+
+
+def test_hsv_in_place_and_scratch_reuse_across_shapes_are_bitwise_the_same():
+    rng = np.random.default_rng(3)
+    t = A.sample_hsv(rng)
+    imgs = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in [(24, 40, 3), (64, 32, 3), (24, 40, 3)]]
+    want = [t.apply_image(im.copy()) for im in imgs]
+    for im, w in zip(imgs, want):
+        keep = im.copy()
+        assert np.array_equal(t.apply_image(im), w) and np.array_equal(im, keep)  # input untouched
+        buf = im.copy()
+        assert t.apply_image(buf, out=buf) is buf and np.array_equal(buf, w)
+
+
+@pytest.mark.parametrize("horizontal, vertical", [(True, False), (False, True), (True, True), (False, False)])
+def test_flip_in_place_equals_the_flipped_copy(horizontal, vertical):
+    img = np.random.default_rng(0).integers(0, 256, (17, 23, 3), dtype=np.uint8)
+    t = A.FlipTransform((17, 23), horizontal, vertical)
+    want = img[::-1 if vertical else 1, ::-1 if horizontal else 1]
+    buf = img.copy()
+    assert np.array_equal(t.apply_image(img), want)
+    assert t.apply_image(buf, out=buf) is buf and np.array_equal(buf, want)
+
+
+@settings(max_examples=10)
+@given(seed=SEEDS, use_mosaic=st.booleans(), rotate=st.booleans())
+def test_augment_into_a_given_array_is_bitwise_the_same_and_reuses_no_caller_data(seed, use_mosaic, rotate):
+    recs = [A.load_resized(_rec(seed + i, keypoints=3), 128) for i in range(4)]
+    before = [r.image.copy() for r in recs]
+    cfg = A.AugmentConfig(degrees=10 if rotate else 0, flipud=0.5)
+    want = A.augment(A.record_rng(seed, 0, 1), recs, 128, cfg, use_mosaic=use_mosaic)
+    slot = np.zeros((2, 128, 128, 3), np.uint8)
+    got = A.augment(A.record_rng(seed, 0, 1), recs, 128, cfg, use_mosaic=use_mosaic, out=slot[1])
+    assert np.shares_memory(got.image, slot[1]) and not slot[0].any()
+    np.testing.assert_array_equal(got.image, want.image)
+    np.testing.assert_array_equal(got.boxes, want.boxes)
+    for r, b in zip(recs, before):  # the loaded (or cached) records are never written
+        np.testing.assert_array_equal(r.image, b)
+    again = A.augment(A.record_rng(seed, 0, 1), recs, 128, cfg, use_mosaic=use_mosaic)  # scratch reuse
+    np.testing.assert_array_equal(again.image, want.image)

@@ -346,3 +346,34 @@ def test_segment_and_pose_fits_validate_their_own_metric(tmp_path, task):
     assert tuple(row) == results_columns(task)
     assert float(row[f"{kind}/mAP50"]) == pytest.approx(r.metrics[kind]["mAP50"])
     assert all(v != "" for v in row.values())
+
+
+def test_validation_runs_under_val_precision_not_the_training_autocast(tmp_path, data, monkeypatch):
+    """``val.precision`` picks the validation autocast (FP16 on CUDA by 'auto'; BF16 blurs high-IoU
+    boxes), independently of ``train.autocast``: the spy sees it inside every validation."""
+    import importlib
+
+    fit_module = importlib.import_module("yolo_func.train.fit")  # the module, not the package's fit function
+    seen = []
+    real = fit_module.validate
+
+    def spy(*args, autocast_dtype=None, **kw):
+        seen.append(autocast_dtype)
+        return real(*args, autocast_dtype=autocast_dtype, **kw)
+
+    monkeypatch.setattr(fit_module, "validate", spy)
+    _fit(_config(tmp_path / "bf16", epochs=1, extra=["val.precision=bf16", "val.coco=off"]), data)
+    assert seen == [torch.bfloat16]
+    seen.clear()
+    _fit(_config(tmp_path / "auto", epochs=1, extra=["val.coco=off"]), data)
+    assert seen == [None]  # 'auto' on the CPU: float32
+
+
+def test_eval_autocast_rule_is_fp16_on_cuda_and_training_keeps_bf16():
+    from yolo_func.func import autocast_dtype, eval_autocast_dtype
+
+    assert eval_autocast_dtype("auto", "cuda") is torch.float16 and autocast_dtype("auto", "cuda") is torch.bfloat16
+    assert eval_autocast_dtype("auto", torch.device("cpu")) is None
+    assert [eval_autocast_dtype(n, "cuda") for n in ("bf16", "fp16", "fp32")] == [torch.bfloat16, torch.float16, None]
+    with pytest.raises(ValueError, match="unknown precision 'half'"):
+        eval_autocast_dtype("half", "cuda")

@@ -27,6 +27,7 @@ overlaps).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -55,6 +56,8 @@ __all__ = [
     "mosaic",
     "mosaic_partners",
     "sample_affine",
+    "ResizePlan",
+    "resize_plan",
     "apply_affine",
     "box_candidates",
     "sample_hsv",
@@ -73,6 +76,25 @@ COCO_FLIP_INDEX = (0, 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15)
 
 _EPS = 1e-16
 
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A per-thread C-contiguous uint8 work array of ``shape``, reused across calls.
+
+    One flat buffer per name grows to the largest size asked for and is never shrunk, so a stream
+    of same-sized or smaller requests allocates (and page-faults) nothing. The array is overwritten
+    by the next request of the same name on the same thread: never return it to a caller.
+    """
+    bufs = getattr(_SCRATCH, "buffers", None)
+    if bufs is None:
+        bufs = _SCRATCH.buffers = {}
+    n = math.prod(shape)
+    b = bufs.get(name)
+    if b is None or b.size < n:
+        b = bufs[name] = np.empty(n, np.uint8)
+    return b[:n].reshape(shape)
+
 
 @dataclass(frozen=True)
 class AugmentConfig:
@@ -86,6 +108,10 @@ class AugmentConfig:
       close_mosaic: mosaic is off for the last ``close_mosaic`` epochs (10).
       flip_index: keypoint permutation applied with a horizontal flip (pose); None when the task
         has no keypoints (or keypoints without left/right pairs).
+      fast_resize: carry out an axis-aligned affine (degrees = shear = perspective = 0) as a crop +
+        ``cv2.resize`` with labels moved by the effective matrix (:func:`resize_plan`; a
+        statistically equivalent affine, not the reference's pixels bit for bit). False: always
+        ``cv2.warpAffine`` of the sampled matrix (True).
     """
 
     mosaic: float = 1.0
@@ -101,6 +127,7 @@ class AugmentConfig:
     fliplr: float = 0.5
     close_mosaic: int = 10
     flip_index: tuple[int, ...] | None = None
+    fast_resize: bool = True
 
 
 def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -363,7 +390,7 @@ def mosaic_partners(rng: np.random.Generator, position: int, window: Sequence[in
 
 
 def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
-           region: tuple[int, int, int, int] | None = None) -> Annotated:
+           region: tuple[int, int, int, int] | None = None, *, out: np.ndarray | None = None) -> Annotated:
     """Place four records on a ``2size x 2size`` canvas filled with 114 around ``center``.
 
     Record 0 goes top-left of the centre, then top-right, bottom-left, bottom-right (REFERENCE.md
@@ -377,6 +404,8 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
       region: optional (x0, y0, x1, y1) inside the canvas: only that part of the canvas is built
         and the labels are given relative to (x0, y0) (clipped as on the whole canvas). The
         pipeline builds only the part its affine reads (:meth:`AffineTransform.source_region`).
+      out: optional uint8 array of the canvas's shape to build it in (the pipeline passes a reused
+        work buffer: the canvas is read once by the affine and dropped).
 
     Returns:
       :class:`Annotated` with image uint8[2s, 2s, 3] (or uint8[y1 - y0, x1 - x0, 3] with ``region``).
@@ -389,7 +418,10 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
     if not (0 <= rx0 < rx1 <= s2 and 0 <= ry0 < ry1 <= s2):
         raise ValueError(f"[yolo_func] mosaic: region: expected 0 <= x0 < x1 <= {s2} and 0 <= y0 < y1 <= {s2}, "
                          f"got {region}")
-    canvas = np.empty((ry1 - ry0, rx1 - rx0, 3), np.uint8)  # only the uncovered parts are filled
+    shape = (ry1 - ry0, rx1 - rx0, 3)
+    if out is not None and (out.shape != shape or out.dtype != np.uint8):
+        raise ValueError(f"[yolo_func] mosaic: out: expected uint8{list(shape)}, got {out.dtype}{list(out.shape)}")
+    canvas = np.empty(shape, np.uint8) if out is None else out  # only the uncovered parts are filled
     parts = []
     for i, rec in enumerate(records):
         h, w = rec.image.shape[:2]
@@ -516,13 +548,18 @@ class AffineTransform(NamedTuple):
         return AffineTransform(self.matrix @ np.array([[1, 0, x0], [0, 1, y0], [0, 0, 1]], np.float64),
                                self.out_shape, self.scale)
 
-    def apply_image(self, image: np.ndarray) -> np.ndarray:
-        """Warp ``uint8[h, w, 3]`` to ``uint8[H, W, 3]`` (linear, border 114)."""
+    def apply_image(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Warp ``uint8[h, w, 3]`` to ``uint8[H, W, 3]`` (linear, border 114; into ``out`` when given)."""
         H, W = self.out_shape
         border = (PAD_VALUE, PAD_VALUE, PAD_VALUE)
-        if self.is_affine:
-            return cv2.warpAffine(image, self.matrix[:2], (W, H), flags=cv2.INTER_LINEAR, borderValue=border)
-        return cv2.warpPerspective(image, self.matrix, (W, H), flags=cv2.INTER_LINEAR, borderValue=border)
+        warp = cv2.warpAffine if self.is_affine else cv2.warpPerspective
+        M = self.matrix[:2] if self.is_affine else self.matrix
+        if out is None:
+            return warp(image, M, (W, H), flags=cv2.INTER_LINEAR, borderValue=border)
+        got = warp(image, M, (W, H), dst=out, flags=cv2.INTER_LINEAR, borderValue=border)
+        if got is not out:  # an OpenCV that did not write in place
+            out[...] = got
+        return out
 
     def apply_coords(self, xy: np.ndarray) -> np.ndarray:
         """Map points ``float[..., 2]`` (perspective divide when needed)."""
@@ -604,6 +641,126 @@ def _warp_masks(masks: RoiMasks, M: np.ndarray, out_shape: tuple[int, int]) -> R
     return RoiMasks(offs, tuple(crops))
 
 
+# --------------------------------------------------------------------------- axis-aligned fast path
+class ResizePlan(NamedTuple):
+    """An axis-aligned affine carried out as one ``cv2.resize`` of an input crop (the fast path).
+
+    ``cv2.resize`` (linear) of the crop ``src`` to the output rectangle ``dst`` maps output pixel
+    centre ``u`` to input ``x = (u - u0 + 0.5) * (x1 - x0) / (u1 - u0) - 0.5 + x0``: an affine map
+    whose scale and offset are the sampled ones rounded so that the crop and the rectangle are whole
+    pixels. ``matrix`` is that map (input -> output pixel centres, as ``cv2.warpAffine`` reads a
+    matrix); labels transformed with it stay consistent with the resized pixels. It differs from
+    the sampled matrix by at most half an input pixel anywhere inside the output.
+
+    Attributes:
+      src: (x0, y0, x1, y1) integer crop of the input (x1 > x0, y1 > y0 unless ``dst`` is empty).
+      dst: (u0, v0, u1, v1) integer rectangle of the output that the crop fills; the rest of the
+        output is the border (114). Empty (u1 <= u0 or v1 <= v0) when no input pixel is visible.
+      matrix: float64[3, 3] the effective input -> output matrix.
+      out_shape: (H, W) of the output.
+    """
+
+    src: tuple[int, int, int, int]
+    dst: tuple[int, int, int, int]
+    matrix: np.ndarray
+    out_shape: tuple[int, int]
+
+    @property
+    def empty(self) -> bool:
+        """True when no input pixel lands in the output (the output is all border)."""
+        u0, v0, u1, v1 = self.dst
+        return u1 <= u0 or v1 <= v0
+
+    def apply_image(self, image: np.ndarray, out: np.ndarray | None = None,
+                    pad_value: int = PAD_VALUE) -> np.ndarray:
+        """Resize the crop of ``image`` (uint8[h, w, C]) into ``dst`` of a ``uint8[H, W, C]`` output.
+
+        Args:
+          image: the input the plan was made for (uint8, or float32: the output has its dtype).
+          out: optional output buffer [H, W, C] of that dtype (written in place and returned).
+          pad_value: fill of the output outside ``dst`` (114).
+
+        Returns:
+          uint8[H, W, C].
+        """
+        H, W = self.out_shape
+        if out is None:
+            out = np.empty((H, W, *image.shape[2:]), image.dtype)
+        if self.empty:
+            out[...] = pad_value
+            return out
+        x0, y0, x1, y1 = self.src
+        u0, v0, u1, v1 = self.dst
+        out[:v0] = pad_value
+        out[v1:] = pad_value
+        out[v0:v1, :u0] = pad_value
+        out[v0:v1, u1:] = pad_value
+        roi = out[v0:v1, u0:u1]
+        got = cv2.resize(image[y0:y1, x0:x1], (u1 - u0, v1 - v0), dst=roi, interpolation=cv2.INTER_LINEAR)
+        if got is not roi and not np.shares_memory(got, out):  # an OpenCV that did not write in place
+            roi[...] = got.reshape(roi.shape)
+        return out
+
+
+def _axis_plan(a: float, b: float, n_in: int, n_out: int) -> tuple[int, int, int, int]:
+    """One axis of :func:`resize_plan`: (x0, x1, u0, u1) for ``u = a x + b`` (pixel centres, a > 0).
+
+    In pixel-edge coordinates (``X = x + 1/2``) the map is ``U = a X + beta``, ``beta = b + (1 - a) / 2``;
+    the input's edges ``[0, n_in]`` land on ``[beta, a n_in + beta]``. Where an input edge is
+    inside the output, the output edge is rounded (error <= 1/2 output pixel); where the output's
+    edge cuts the input, the input edge is rounded (error <= 1/2 input pixel).
+    """
+    beta = b + 0.5 * (1.0 - a)
+    lo, hi = beta, a * n_in + beta
+    if lo >= 0:
+        u0, x0 = min(math.floor(lo + 0.5), n_out), 0
+    else:
+        u0, x0 = 0, min(math.floor(-beta / a + 0.5), n_in)
+    if hi <= n_out:
+        u1, x1 = max(math.floor(hi + 0.5), 0), n_in
+    else:
+        u1, x1 = n_out, max(math.floor((n_out - beta) / a + 0.5), 0)
+    return x0, x1, u0, u1
+
+
+def resize_plan(matrix: np.ndarray, in_shape: tuple[int, int], out_shape: tuple[int, int]) -> ResizePlan | None:
+    """The crop + ``cv2.resize`` that carries out an axis-aligned affine, or None when it is not one.
+
+    Axis-aligned: ``matrix = [[sx, 0, tx], [0, sy, ty], [0, 0, 1]]`` with ``sx, sy > 0`` (the
+    default recipe: degrees = shear = perspective = 0, only scale and translation). ``cv2.resize``
+    of a whole-pixel crop cannot reproduce an arbitrary fractional scale and offset, so the plan
+    rounds the crop and the output rectangle to whole pixels and returns the **effective** matrix
+    the resize implements (:class:`ResizePlan`); transform the labels with ``plan.matrix``, not the
+    sampled one, and boxes, masks and keypoints stay consistent with the pixels.
+
+    Args:
+      matrix: float[3, 3] input -> output pixel centres (``AffineTransform.matrix``).
+      in_shape: (h, w) of the input image.
+      out_shape: (H, W) of the output.
+
+    Returns:
+      :class:`ResizePlan`, or None for a rotation, shear, flip or perspective matrix.
+
+    Example:
+      >>> import numpy as np
+      >>> p = resize_plan(np.array([[0.5, 0, 10.6], [0, 0.5, -0.25], [0, 0, 1]]), (100, 200), (64, 128))
+      >>> p.src, p.dst, p.matrix[:2].tolist()    # x offset 10.6 rounded so the image starts at column 11
+      ((0, 0, 200, 100), (11, 0, 111, 50), [[0.5, 0.0, 10.75], [0.0, 0.5, -0.25]])
+    """
+    M = np.asarray(matrix, np.float64)
+    if M[0, 1] != 0 or M[1, 0] != 0 or M[2, 0] != 0 or M[2, 1] != 0 or M[2, 2] != 1 or M[0, 0] <= 0 or M[1, 1] <= 0:
+        return None
+    h, w = in_shape
+    H, W = out_shape
+    x0, x1, u0, u1 = _axis_plan(float(M[0, 0]), float(M[0, 2]), int(w), int(W))
+    y0, y1, v0, v1 = _axis_plan(float(M[1, 1]), float(M[1, 2]), int(h), int(H))
+    if u1 <= u0 or v1 <= v0 or x1 <= x0 or y1 <= y0:
+        return ResizePlan((0, 0, 0, 0), (0, 0, 0, 0), M.copy(), (int(H), int(W)))
+    ax, ay = (u1 - u0) / (x1 - x0), (v1 - v0) / (y1 - y0)
+    eff = np.array([[ax, 0.0, ax * (0.5 - x0) + u0 - 0.5], [0.0, ay, ay * (0.5 - y0) + v0 - 0.5], [0, 0, 1]])
+    return ResizePlan((x0, y0, x1, y1), (u0, v0, u1, v1), eff, (int(H), int(W)))
+
+
 def sample_affine(rng: np.random.Generator, in_shape: tuple[int, int], out_shape: tuple[int, int], *,
                   degrees: float = 0.0, translate: float = 0.1, scale: float = 0.5, shear: float = 0.0,
                   perspective: float = 0.0) -> AffineTransform:
@@ -662,21 +819,36 @@ def box_candidates(before: np.ndarray, after: np.ndarray, *, scale: float = 1.0,
     return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 * scale * scale + eps) > area_thr) & (ar < ar_thr)
 
 
-def apply_affine(rec: Annotated, t: AffineTransform) -> Annotated:
+def apply_affine(rec: Annotated, t: AffineTransform, *, fast_resize: bool = True,
+                 out: np.ndarray | None = None) -> Annotated:
     """Apply ``t`` to the image and every label, then the box filter.
 
     Boxes: the 4 transformed corners (min/max, clipped); with masks, each box becomes the tight box
     of its warped mask pixels (the reference's polygon rule) and the area threshold is 0.01.
     Keypoints outside the output get visibility 0.
 
+    Fast path (``fast_resize``, the default): when ``t`` is axis-aligned (scale and translation
+    only: the default recipe), the image is a crop + ``cv2.resize`` (:func:`resize_plan`) instead of
+    ``cv2.warpAffine``, and every label is transformed with the plan's effective matrix (the sampled
+    one rounded to whole-pixel crops, within half an input pixel of it), so labels match pixels.
+    Pixels equal a ``warpAffine`` with that matrix up to OpenCV's fixed-point rounding, except the
+    one-pixel rim where ``warpAffine`` blends the image with the border.
+
     Args:
       rec: :class:`Annotated` (any size).
       t: the transform.
+      fast_resize: allow the axis-aligned fast path (False: always ``warpAffine``).
+      out: optional uint8[H, W, 3] array the output image is written into (e.g. a batch slot).
 
     Returns:
       :class:`Annotated` of shape ``t.out_shape`` with only the surviving instances.
     """
-    image = t.apply_image(rec.image)
+    plan = resize_plan(t.matrix, rec.image.shape[:2], t.out_shape) if fast_resize else None
+    if plan is not None:
+        image = plan.apply_image(rec.image, out=out)
+        t = t._replace(matrix=plan.matrix)
+    else:
+        image = t.apply_image(rec.image, out=out)
     masks = t.apply_masks(rec.masks) if rec.masks is not None else None
     boxes = masks.boxes() if masks is not None else t.apply_boxes(rec.boxes)
     kpts = t.apply_keypoints(rec.keypoints) if rec.keypoints is not None else None
@@ -703,16 +875,34 @@ class HSVTransform(NamedTuple):
         lut_v = np.clip(x * (1 + self.r[2]), 0, 255).astype(np.uint8)
         return np.stack([lut_h, lut_s, lut_v])
 
-    def apply_image(self, image: np.ndarray) -> np.ndarray:
-        """uint8[H, W, 3] RGB -> uint8[H, W, 3] RGB; all-zero gains return the image unchanged."""
+    def apply_image(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """uint8[H, W, 3] RGB -> uint8[H, W, 3] RGB; all-zero gains return the image unchanged.
+
+        Args:
+          image: uint8[H, W, 3] RGB (not modified unless it is ``out``).
+          out: optional uint8[H, W, 3] destination (may be ``image`` itself: in place).
+
+        Returns:
+          ``out`` (or a new array), the image with its HSV channels mapped through :meth:`tables`.
+        """
         if not np.any(self.r):
-            return image
-        hsv = cv2.cvtColor(image, cv2.COLOR_RGB2HSV)
-        # one single-channel LUT per plane: 2.2 ms at 640x640 against 2.5 ms for the 3-channel table
-        planes = cv2.split(hsv)
+            if out is None or out is image:
+                return image
+            np.copyto(out, image)
+            return out
+        # RGB -> HSV, one single-channel LUT per plane, merge, HSV -> RGB, all through per-thread
+        # scratch buffers: the same calls on fresh arrays cost twice as much (page faults of ~1 MB
+        # allocations at 640x640; benchmarks/results/loader_percore_vm_20261204.md).
+        H, W = image.shape[:2]
+        hsv = _scratch("hsv", (H, W, 3))
+        cv2.cvtColor(image, cv2.COLOR_RGB2HSV, dst=hsv)
+        planes = cv2.split(hsv, [_scratch(f"hsv{k}", (H, W)) for k in range(3)])
         for plane, table in zip(planes, self.tables()):
             cv2.LUT(plane, table, dst=plane)
-        return cv2.cvtColor(cv2.merge(planes, dst=hsv), cv2.COLOR_HSV2RGB, dst=hsv)
+        hsv = cv2.merge(planes, dst=hsv)
+        if out is None:
+            out = np.empty_like(image)
+        return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=out)
 
 
 def sample_hsv(rng: np.random.Generator, hgain: float = 0.015, sgain: float = 0.7, vgain: float = 0.4) -> HSVTransform:
@@ -738,15 +928,15 @@ class FlipTransform(NamedTuple):
     vertical: bool
     flip_index: tuple[int, ...] | None = None
 
-    def apply_image(self, image: np.ndarray) -> np.ndarray:
-        """Flip ``uint8[H, W, C]``."""
-        if self.horizontal and self.vertical:
-            return cv2.flip(image, -1)
-        if self.horizontal:
-            return cv2.flip(image, 1)
-        if self.vertical:
-            return cv2.flip(image, 0)
-        return image
+    def apply_image(self, image: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Flip ``uint8[H, W, C]`` (into ``out`` when given; ``out`` may be ``image``: in place)."""
+        code = -1 if self.horizontal and self.vertical else 1 if self.horizontal else 0 if self.vertical else None
+        if code is None:
+            if out is None or out is image:
+                return image
+            np.copyto(out, image)
+            return out
+        return cv2.flip(image, code) if out is None else cv2.flip(image, code, dst=out)
 
     def apply_boxes(self, boxes: np.ndarray) -> np.ndarray:
         """Flip xyxy boxes ``float[N, 4]``."""
@@ -793,11 +983,12 @@ def sample_flips(rng: np.random.Generator, shape: tuple[int, int], *, flipud: fl
     return FlipTransform(tuple(shape), h, v, tuple(flip_index) if flip_index is not None else None)
 
 
-def apply_flips(rec: Annotated, t: FlipTransform) -> Annotated:
-    """Apply a :class:`FlipTransform` to the image and every label."""
+def apply_flips(rec: Annotated, t: FlipTransform, *, inplace: bool = False) -> Annotated:
+    """Apply a :class:`FlipTransform` to the image and every label (``inplace``: flip ``rec.image``
+    itself instead of a copy; the labels are always new arrays)."""
     if not (t.horizontal or t.vertical):
         return rec
-    return Annotated(t.apply_image(rec.image), t.apply_boxes(rec.boxes), rec.classes,
+    return Annotated(t.apply_image(rec.image, out=rec.image if inplace else None), t.apply_boxes(rec.boxes), rec.classes,
                      t.apply_masks(rec.masks) if rec.masks is not None else None,
                      t.apply_keypoints(rec.keypoints) if rec.keypoints is not None else None)
 
@@ -855,7 +1046,7 @@ def mosaic_enabled(epoch: int, epochs: int | None, cfg: AugmentConfig) -> bool:
 
 
 def augment(rng: np.random.Generator, records: Sequence[Annotated], image_size: int, cfg: AugmentConfig, *,
-            use_mosaic: bool) -> Annotated:
+            use_mosaic: bool, out: np.ndarray | None = None) -> Annotated:
     """The training pipeline on one record: mosaic -> random affine -> HSV -> flip-ud -> flip-lr.
 
     Args:
@@ -865,6 +1056,8 @@ def augment(rng: np.random.Generator, records: Sequence[Annotated], image_size: 
       image_size: output side s (multiple of 32).
       cfg: :class:`AugmentConfig`.
       use_mosaic: from :func:`mosaic_enabled` (the mosaic probability is drawn here).
+      out: optional uint8[s, s, 3] array to build the image in (the loader passes the record's
+        slot of the batch, so collation copies nothing); the result's image is then ``out``.
 
     Returns:
       :class:`Annotated` with image uint8[s, s, 3].
@@ -877,13 +1070,15 @@ def augment(rng: np.random.Generator, records: Sequence[Annotated], image_size: 
         t = sample_affine(rng, (2 * s, 2 * s), (s, s), **kw)
         # Build only the part of the 2s x 2s canvas the warp reads (a third of it on average).
         x0, y0, x1, y1 = t.source_region((2 * s, 2 * s))
-        rec = mosaic(records[:4], center, s, region=(x0, y0, x1, y1))
+        rec = mosaic(records[:4], center, s, region=(x0, y0, x1, y1),
+                     out=_scratch("mosaic", (y1 - y0, x1 - x0, 3)))  # read once by the affine below
         t = t.shifted(x0, y0)
     else:
         rec = records[0]
         t = sample_affine(rng, rec.image.shape[:2], (s, s), **kw)
-    rec = apply_affine(rec, t)
+    rec = apply_affine(rec, t, fast_resize=cfg.fast_resize, out=out)
+    # the affine's image is a fresh array (or ``out``) this call owns: HSV and the flips work in place on it
     hsv = sample_hsv(rng, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v)
-    rec = rec._replace(image=hsv.apply_image(rec.image))
+    hsv.apply_image(rec.image, out=rec.image)
     flips = sample_flips(rng, (s, s), flipud=cfg.flipud, fliplr=cfg.fliplr, flip_index=cfg.flip_index)
-    return apply_flips(rec, flips)
+    return apply_flips(rec, flips, inplace=True)

@@ -26,7 +26,7 @@ from yolo_func.data.augment import Annotated, overlap_map
 from yolo_func.structures.records import Batch, Targets
 from yolo_func.structures.targets import bucket_size
 
-__all__ = ["Formatted", "format_record", "collate"]
+__all__ = ["Formatted", "format_record", "batch_images", "collate"]
 
 
 class Formatted(NamedTuple):
@@ -80,7 +80,19 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype)
 
 
-def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batch:
+def batch_images(B: int, H: int, W: int) -> torch.Tensor:
+    """An uninitialised ``uint8[B, H, W, 3]`` tensor for a batch's images (in a DataLoader worker, in
+    shared memory: sending it to the main process copies nothing). Augmenting each record straight
+    into ``batch_images(...)[i].numpy()`` and passing the tensor to :func:`collate` saves a copy.
+
+    Example:
+      >>> batch_images(2, 32, 32).shape
+      torch.Size([2, 32, 32, 3])
+    """
+    return _empty((B, H, W, 3), torch.uint8)
+
+
+def collate(items: Sequence[Formatted], *, max_boxes: int | None = None, images: torch.Tensor | None = None) -> Batch:
     """Stack formatted records into a :class:`Batch` with static shapes.
 
     Boxes are clipped to the image; a box with zero clipped area keeps its slot but is
@@ -90,6 +102,8 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
       items: B :class:`Formatted` of one image size (H, W); all with masks or none, all with
         keypoints (of one P) or none.
       max_boxes: fixed M; default ``bucket_size`` of the largest count.
+      images: optional uint8[B, H, W, 3] tensor to collate the images into (from :func:`batch_images`);
+        an item whose image already is its slot of it (augmented in place) is not copied.
 
     Returns:
       ``Batch(images uint8[B, 3, H, W] (channels_last memory), Targets(boxes float32[B, M, 4], classes int64[B, M],
@@ -102,7 +116,10 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
     if B == 0:
         raise ValueError("[yolo_func] collate: items is empty; expected at least one record")
     H, W = items[0].image.shape[:2]
-    images_t = _empty((B, H, W, 3), torch.uint8)
+    if images is not None and (tuple(images.shape) != (B, H, W, 3) or images.dtype != torch.uint8):
+        raise ValueError(f"[yolo_func] collate: images: expected uint8[{B}, {H}, {W}, 3], got "
+                         f"{images.dtype}{list(images.shape)}")
+    images_t = batch_images(B, H, W) if images is None else images
     images = images_t.numpy()
     counts = [len(it.boxes) for it in items]
     if max_boxes is None:
@@ -123,7 +140,8 @@ def collate(items: Sequence[Formatted], *, max_boxes: int | None = None) -> Batc
         if it.image.shape[:2] != (H, W):
             raise ValueError(f"[yolo_func] collate: items[{i}].image is {it.image.shape[:2]}, expected {(H, W)}; "
                              "every image of a batch must have the same size")
-        images[i] = it.image  # HWC as augmented (NHWC memory; see the module docstring)
+        if it.image.ctypes.data != images[i].ctypes.data:  # not augmented in its slot already
+            images[i] = it.image  # HWC as augmented (NHWC memory; see the module docstring)
         n = counts[i]
         boxes[i, :n] = it.boxes
         classes[i, :n] = it.classes

@@ -41,7 +41,7 @@ from yolo_func.data.augment import (
     mosaic_partners,
     record_rng,
 )
-from yolo_func.data.collate import collate, format_record
+from yolo_func.data.collate import batch_images, collate, format_record
 from yolo_func.structures.records import Batch, Targets
 from yolo_func.structures.targets import targets_from_lists
 
@@ -163,15 +163,18 @@ class _TrainBatches:
         for i in idxs:
             loaded.setdefault(int(i), self.source.load(int(i))[1])
         use_mosaic = mosaic_enabled(epoch, self.epochs, self.cfg)
+        s = self.image_size
+        images = batch_images(len(idxs), s, s)  # each record is augmented in its own slot: no copy
+        slots = images.numpy()
         items = []
         for pos, i in enumerate(idxs):
             rng = record_rng(self.seed, epoch, int(i))
             partners = mosaic_partners(rng, pos, idxs)
             recs = [loaded[int(i)]] + [loaded[j] for j in partners]
-            items.append(format_record(augment(rng, recs, self.image_size, self.cfg, use_mosaic=use_mosaic),
-                                       mask_ratio=self.mask_ratio))
+            rec = augment(rng, recs, s, self.cfg, use_mosaic=use_mosaic, out=slots[pos])
+            items.append(format_record(rec, mask_ratio=self.mask_ratio))
         new = {i: m for i, m in self.source.errors.items() if i not in before}
-        return collate(items, max_boxes=self.max_boxes), new
+        return collate(items, max_boxes=self.max_boxes, images=images), new
 
     def __len__(self) -> int:
         return len(self.source.dataset) // (self.batch_size * self.world_size)

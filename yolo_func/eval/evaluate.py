@@ -222,7 +222,8 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """``precision`` (one of :data:`PRECISIONS`) as an autocast dtype on ``device`` (None: float32):
-    :func:`yolo_func.func.autocast_dtype`, with this module's choices checked first.
+    :func:`yolo_func.func.eval_autocast_dtype` (``"auto"``: FP16 on CUDA), with this module's choices
+    checked first.
 
     Example:
       >>> _autocast_dtype("auto", torch.device("cpu")) is None, _autocast_dtype("fp16", torch.device("cpu"))
@@ -230,9 +231,9 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """
     if precision not in PRECISIONS:
         raise ValueError(f"[yolo_func] precision must be one of {PRECISIONS}, got {precision!r}")
-    from yolo_func.func import autocast_dtype
+    from yolo_func.func import eval_autocast_dtype
 
-    return autocast_dtype(precision, device)
+    return eval_autocast_dtype(precision, device)
 
 
 class ValReplay:
@@ -256,7 +257,7 @@ class ValReplay:
 
     def __init__(self, model, params, state, *, batch_size: int, conf: float, iou: float, max_det: int,
                  num_classes: int, kpt_shape, max_captures: int = 16, iters: int = 16,
-                 autocast_dtype: torch.dtype | None = torch.bfloat16, candidates: int = STATIC_CANDIDATES):
+                 autocast_dtype: torch.dtype | None = torch.float16, candidates: int = STATIC_CANDIDATES):
         from yolo_func.capture import CaptureCache
 
         self.model, self.params, self.state, self.batch_size = model, params, state, batch_size
@@ -513,9 +514,9 @@ def evaluate(
       coco_workers: forked processes for pycocotools (the iou types side by side, each type's images
         split in chunks of >= 16; None: auto, on Linux from the main thread, at most the cores and
         8; 0: serial in this process; see :func:`yolo_func.eval.coco_eval.evaluate`). Same numbers.
-      precision: the network's autocast: ``"auto"`` (BF16 on CUDA, float32 on the CPU), ``"bf16"``,
-        ``"fp16"`` (the reference's validation during training) or ``"fp32"``; decode and NMS run
-        in float32 either way.
+      precision: the network's autocast: ``"auto"`` (FP16 on CUDA, float32 on the CPU; see
+        :func:`yolo_func.func.eval_autocast_dtype` for why not BF16), ``"bf16"``, ``"fp16"`` (the
+        reference's validation during training) or ``"fp32"``; decode and NMS run in float32 either way.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":

@@ -166,7 +166,7 @@ def predict(
       kpt_shape: (P, D) for pose models (default: from the head's channels).
       on_problem: called with each message about a skipped entry or file (default: ignored; the
         messages are also in each :class:`Prediction`'s ``error``).
-      precision: the network's autocast, as :func:`yolo_func.eval.evaluate`'s (``"auto"``: BF16 on
+      precision: the network's autocast, as :func:`yolo_func.eval.evaluate`'s (``"auto"``: FP16 on
         CUDA, float32 on the CPU; ``"bf16"``, ``"fp16"``, ``"fp32"``).
 
     Returns:

@@ -55,7 +55,7 @@ from yolo_func.data.loader import ValBatch, val_boxes_to_original
 from yolo_func.eval.coco_eval import CocoEvaluator, load_coco
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
 from yolo_func.eval.postprocess import Letterbox, postprocess, scale_to_original
-from yolo_func.func import autocast_dtype
+from yolo_func.func import autocast_dtype, eval_autocast_dtype
 from yolo_func.models.yolov8 import Model, yolov8
 from yolo_func.optim import ema as make_ema
 from yolo_func.structures.records import Targets
@@ -678,6 +678,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     if ctx is not None:
         level = _capture_for_ranks(level, config.train.capture, model, sync_bn, say)
     dtype = autocast_dtype(config.train.autocast, device)
+    val_dtype = eval_autocast_dtype(config.val.precision, device)  # FP16 on CUDA: BF16 blurs high-IoU boxes
     workers = config.data.workers
     loader = TrainLoader(train_data, batch_size=config.data.batch_size, image_size=config.data.image_size,
                          workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,
@@ -779,7 +780,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
             gt, category_ids, background = coco
             records = CocoEvaluator(gt, category_ids=category_ids, verbose=False)
         metrics_v = validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
-                             autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records,
+                             autocast_dtype=val_dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records,
                              gather=ctx is not None)
         return metrics_v, records
 
@@ -896,7 +897,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         say(f"interrupted: saved {rd.last} (resume with the same command or --out {rd.path})")
     try:
         if plots and rank == 0:  # while the last COCO evaluation runs
-            _final_plots(rd, model, ts, val_loader, names, device, dtype, config)
+            _final_plots(rd, model, ts, val_loader, names, device, val_dtype, config)
     except BaseException:
         if coco is not None:
             coco[2].abandon()
