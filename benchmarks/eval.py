@@ -30,7 +30,7 @@ from far fewer candidates). Every row reports the detections and candidates per 
 Part ``post`` (per task, per input; ``--post-batch`` images, square ``--imgsz``, conf 0.001,
 IoU 0.7, max_det 300, multi_label; masks at prototype resolution, the validation method). Inputs:
 
-- ``model:<cls-bias>``: the raw inference (BF16 autocast on CUDA, cast to float32) of the weights
+- ``model:<cls-bias>``: the raw inference (FP16 autocast on CUDA, cast to float32) of the weights
   above on coco-tiny images letterboxed to ``--imgsz`` (cycled to the batch size);
 - ``synthetic``: a trained-model-like raw output (``synthetic_inference``): 20 objects per image,
   anchors inside an object predict jittered copies of its box with its class at 0.05-0.9, every
@@ -65,8 +65,8 @@ temporary COCO JSON of ``--images`` entries cycling over its images (each a new 
 annotations copied, the file a symlink), read by :class:`yolo_func.data.CocoDataset`, and the
 same images written in the reference's YOLO format by :func:`yolo_func.data.write_yolo_dataset`.
 
-- ``ours``: :func:`yolo_func.eval.evaluate` (``replay=False``): ValLoader rect batches, BF16
-  autocast on CUDA, eager post-processing with masks at the original size, pycocotools;
+- ``ours``: :func:`yolo_func.eval.evaluate` (``replay=False``): ValLoader rect batches, FP16
+  autocast on CUDA (``--precision``), eager post-processing with masks at the original size, pycocotools;
 - ``ours-internal``: the same with ``coco=False``: only the internal metric (REFERENCE.md §3.6), no
   pycocotools, no COCO records, no masks at the original size: what the reference's own ``val``
   (``save_json=False``) computes, so the like-for-like row against ``ref``;
@@ -77,7 +77,7 @@ same images written in the reference's YOLO format by :func:`yolo_func.data.writ
   is needed, so segmentation models replay too, boxes only);
 - ``ref``: ``YOLO(pt).val(data=yaml, imgsz, batch, conf=0.001, iou=0.7, plots=False, device,
   workers, rect=True)`` (plus ``half=True`` with ``--ref-half``: by default it runs FP32 where ours
-  runs BF16 autocast), the reference's own validator (its own metric, no pycocotools), timed around
+  runs FP16 autocast), the reference's own validator (its own metric, no pycocotools), timed around
   the ``.val`` call (its model loaded before the timer; its label-cache scan inside it).
 
 Each row gives images/s, the ratio ours / ref, box mAP50-95 from pycocotools (ours) and from each
@@ -189,8 +189,8 @@ def coco_tiny(task: str) -> CocoDataset:
 
 
 def model_inference(loaded, images: torch.Tensor, dev: torch.device) -> Inference:
-    """Raw inference of uint8[B, 3, S, S] images (BF16 autocast on CUDA), float32."""
-    with torch.no_grad(), autocast(dev, torch.bfloat16 if dev.type == "cuda" else None):
+    """Raw inference of uint8[B, 3, S, S] images (FP16 autocast on CUDA, as validation), float32."""
+    with torch.no_grad(), autocast(dev, torch.float16 if dev.type == "cuda" else None):
         inf = loaded.model.predict(loaded.params, loaded.state, images.to(dev).float() / 255)
     return Inference(inf.y.float().contiguous(), None if inf.protos is None else inf.protos.float().contiguous())
 
@@ -442,7 +442,7 @@ def main() -> int:
     ap.add_argument("--impl", nargs="+", default=["ours", "ours-internal", "ours-replay", "ours-internal-replay", "ref"],
                     choices=["ours", "ours-internal", "ours-replay", "ours-internal-replay", "ref"])
     ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                    help="our network's autocast in the whole-validation rows (auto: bf16 on CUDA)")
+                    help="our network's autocast in the whole-validation rows (auto: fp16 on CUDA)")
     ap.add_argument("--coco-workers", type=int, default=None,
                     help="processes for the pycocotools iou types (default auto: one per type; 0: serial)")
     ap.add_argument("--cls-bias", nargs="+", default=["stock", "0"],
