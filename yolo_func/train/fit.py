@@ -23,9 +23,11 @@ the last one trained (``TrainLoader.set_epoch(epoch, start_batch=)``; nothing is
 batches before), so a resumed run sees the batches an uninterrupted one would and ends with a bitwise equal
 :class:`~yolo_func.train.TrainState` (on the CPU; tested).
 
-Host syncs: none per step. Metrics are fetched (one sync, :func:`yolo_func.train.metrics.fetch_metrics`)
-every ``log_every`` steps for the progress bar; the epoch's mean loss parts are summed on the
-device and read once per epoch.
+Host syncs: none per step. Every ``log_every`` steps the progress bar's metrics are copied to
+pinned host memory without waiting (:class:`yolo_func.train.metrics.MetricsReader`) and shown
+from the previous log step's copy once it has landed; the epoch's mean loss parts are summed on
+the device and read once per epoch (after its validation). Checkpoint tensors go to reused pinned buffers without a sync
+(:class:`yolo_func.io.checkpoint.HostStaging`), written on a thread.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from yolo_func.structures.records import Targets
 from yolo_func.train import coco_background
 from yolo_func.train import distributed as D
 from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
-from yolo_func.train.metrics import fetch_metrics
+from yolo_func.train.metrics import MetricsReader
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
 from yolo_func.train.replay import ReplayTrainStep
 from yolo_func.train.run_dir import RunDir
@@ -604,7 +606,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
       on_step: called after every step with a :class:`StepInfo`; raising :class:`KeyboardInterrupt`
         there stops the run as Ctrl-C does (``last.pt`` saved at the next batch's position).
       progress: tqdm bars (training and validation) and the final summary on stdout.
-      log_every: steps between two metric fetches for the progress bar (the only per-step host syncs).
+      log_every: steps between two metric reads for the progress bar (copied without a host sync,
+        shown one log step late on CUDA; :class:`yolo_func.train.metrics.MetricsReader`).
       builtin_root: the built-in data's cache folder (default ``~/.cache/yolo_func``).
 
     Returns:
@@ -799,6 +802,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 bar = tqdm(total=nb, initial=start_batch, desc=f"epoch {epoch + 1}/{epochs}", leave=True,
                            disable=not progress, dynamic_ncols=True, file=sys.stderr)
                 t_epoch, imgs_epoch, shown = time.monotonic(), 0, {}
+                reader = MetricsReader()
                 b = -1
                 t_first = None
                 for b, host_batch in enumerate(loader, start=start_batch):
@@ -819,9 +823,12 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                             on_step(StepInfo(steps, epoch, b, ts, host_batch, metrics))
                         except KeyboardInterrupt:
                             interrupt.requested = True
-                    if count % log_every == 0 or b == nb - 1:  # the one host sync, every log_every steps
-                        m = fetch_metrics({k: metrics[k] for k in parts_keys} | {"finite": metrics["finite"], "step": metrics["step"]})
-                        shown = {k.rsplit("/", 1)[-1]: f"{m[k]:.3f}" for k in parts_keys}
+                    if count % log_every == 0 or b == nb - 1:  # no host sync: the previous log step's values
+                        reader.poll()  # the values posted log_every steps ago, if their copy has landed
+                        reader.post({k: metrics[k] for k in parts_keys} | {"finite": metrics["finite"], "step": metrics["step"]})
+                        m = reader.poll()  # on the CPU: this step's values
+                        if m is not None:
+                            shown = {k.rsplit("/", 1)[-1]: f"{m[k]:.3f}" for k in parts_keys}
                         rate = imgs_epoch / max(time.monotonic() - t_epoch, 1e-9)
                         bar.set_postfix(shown | {"inst": int(host_batch.targets.valid.sum()),
                                                   "size": config.data.image_size, "img/s": f"{rate:.1f}",
