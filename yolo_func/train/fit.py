@@ -352,7 +352,8 @@ def _dataset_masks(dataset: Any, index: int, orig_shape: tuple[int, int]) -> np.
 
 def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
              device: torch.device, autocast_dtype: torch.dtype | None = None, progress: bool = True,
-             desc: str = "val", coco: CocoEvaluator | None = None, gather: bool = False) -> dict:
+             desc: str = "val", coco: CocoEvaluator | None = None, gather: bool = False,
+             gt_cache: dict | None = None) -> dict:
     """The reference's per-epoch validation (REFERENCE.md §3.1, §3.6) on given weights.
 
     Rect batches (``loader``) -> ``model.predict`` (eval mode) -> :func:`postprocess` (multi-label,
@@ -380,6 +381,9 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
       gather: data-parallel validation: ``loader`` is this rank's shard (``ValLoader(shard=)``);
         every rank's accumulated matches (and COCO records) are gathered, so every rank returns
         the metrics of the whole validation set (and ``coco`` holds every rank's records).
+      gt_cache: a dict kept across calls on the same data (the fit keeps one for the run): the
+        ground-truth masks of each image (rasterised from the annotations and warped into the
+        letterbox: the same at every epoch) are computed once and reused.
 
     Returns:
       :meth:`MetricAccumulator.compute`'s dict (``box`` and ``mask`` / ``pose``: P, R, mAP50, mAP50-95; ``fitness``).
@@ -412,8 +416,7 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
             native = postprocess(inf, **post, mask_method="native", letterbox=letterboxes)
         t = vb.targets
         gts, outs = [], []
-        for b, det in enumerate(dets):
-            det = type(det)(*(None if v is None else v.cpu() for v in det))
+        for b, det in enumerate(_dets_to_host(dets)):
             gx, gy = (float(v) for v in vb.gains[b])
             pad = tuple(float(v) for v in vb.pads[b])
             orig = tuple(int(v) for v in vb.orig_shapes[b])
@@ -430,8 +433,13 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
                 kp = torch.stack((kx, ky, k[..., 2]), -1)
             gm = None
             if masks is not None:
-                gm = _gt_masks(_dataset_masks(dataset, index_of[int(vb.image_ids[b])], orig), (gx, gy), pad,
-                               tuple(vb.images.shape[-2:]))
+                key = (int(vb.image_ids[b]), tuple(vb.images.shape[-2:]), (gx, gy), pad)
+                gm = gt_cache.get(key) if gt_cache is not None else None
+                if gm is None:  # rasterised once per image and letterbox, kept across the fit's validations
+                    gm = _gt_masks(_dataset_masks(dataset, index_of[int(vb.image_ids[b])], orig), (gx, gy), pad,
+                                   tuple(vb.images.shape[-2:]))
+                    if gt_cache is not None:
+                        gt_cache[key] = gm
             gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
         acc.process(outs, gts)
         if coco is not None:
@@ -439,6 +447,20 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
     if gather:
         _gather_validation(acc, coco)
     return acc.compute()
+
+
+def _dets_to_host(dets: list) -> list:
+    """The batch's :class:`Detections` on the host: one copy per field for the whole batch (the
+    images concatenated, copied ``non_blocking``, one wait), then split per image, instead of a
+    blocking copy per image and field."""
+    if not dets or dets[0].boxes.device.type == "cpu":
+        return dets
+    counts = [int(d.boxes.shape[0]) for d in dets]
+    fields = [None if getattr(dets[0], f) is None else torch.cat([getattr(d, f) for d in dets]).to("cpu", non_blocking=True)
+              for f in type(dets[0])._fields]
+    torch.cuda.current_stream(dets[0].boxes.device).synchronize()  # the copies have landed
+    parts = [None if v is None else v.split(counts) for v in fields]
+    return [type(dets[0])(*(None if p is None else p[i] for p in parts)) for i in range(len(dets))]
 
 
 def _gather_validation(acc: MetricAccumulator, coco: CocoEvaluator | None) -> None:
@@ -775,6 +797,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 row[f"{k}/mAP50-95"] = metrics.get(k, {}).get("mAP50-95", 0.0)
         return row
 
+    gt_cache: dict = {}  # the validation images' ground-truth masks, rasterised at the first validation
+
     def run_validation(epoch_index: int) -> tuple[dict, CocoEvaluator | None]:
         e_params, e_state = ts.ema.ema["params"], ts.ema.ema["state"]
         records = None
@@ -783,7 +807,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
             records = CocoEvaluator(gt, category_ids=category_ids, verbose=False)
         metrics_v = validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
                              autocast_dtype=dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records,
-                             gather=ctx is not None)
+                             gather=ctx is not None, gt_cache=gt_cache)
         return metrics_v, records
 
     def submit_coco(epoch_index: int, records: CocoEvaluator | None) -> None:
