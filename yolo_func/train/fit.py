@@ -658,7 +658,6 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     if (train_data is None) != (val_data is None):
         raise ValueError("[yolo_func] fit: give both train_data and val_data, or neither (then config.data.path is read)")
     t_start = time.monotonic()
-    _warm_imports()
     # data-parallel (started by torchrun / --devices): join the process group; rank 0 alone
     # shows progress and writes the run folder (docs/distributed.md)
     created_group = D.env_world() is not None and not torch.distributed.is_initialized()
@@ -708,11 +707,21 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                          workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,
                          augment=_loader_augment(config), epochs=config.train.epochs, max_boxes=config.data.max_boxes,
                          rank=rank, world_size=world)
+    # the workers load the first batches while the model state, optimizer and captures are set up
+    first = position if position is not None else DataPosition(0, 0, config.train.seed)
+    if first.epoch < config.train.epochs:
+        loader.set_epoch(first.epoch, start_batch=first.batch)
+        loader.start()
+    _warm_imports()  # after the workers' fork: no child forked while a thread holds an import lock
     nb = len(loader)
     val_batch = config.val.batch_size or 2 * config.data.batch_size
-    val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=min(workers, 4),
+    # a small validation set needs no more workers than it has batches (each is a fork of this process)
+    val_workers = min(workers, 4, math.ceil(len(val_data) / (val_batch * world)))
+    val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=val_workers,
                            task=config.model.task, shapes=getattr(val_data, "image_sizes", None), shard=(rank, world))
     coco = _coco_setup(config, val_data, rd)
+    if coco is not None and rank == 0:
+        coco[2].start()  # the scoring interpreter imports while the fit starts and trains its first epoch
     opt = _optimizer(config, nb, world)
     ema = make_ema(config.optim.ema_decay, config.optim.ema_tau)
     ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
@@ -893,8 +902,11 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 # the previous epoch's checkpoint (written while this epoch trained) is on disk before this
                 # epoch's row: events.jsonl keeps epoch, checkpoint, epoch, checkpoint ... in order
                 rd.wait()
+                t_coco = time.monotonic()
+                if records is not None and rank == 0:
+                    coco[2].collect(wait=True)  # the previous evaluation, if still running (submit waits for it)
                 timing = {"first_batch": t_first or 0.0, "train": t_val - t_epoch, "val": t_wait - t_val,
-                          "checkpoint_wait": time.monotonic() - t_wait}
+                          "checkpoint_wait": t_coco - t_wait, "coco_wait": time.monotonic() - t_coco}
                 is_best = rd.log_epoch(row_for(epoch + 1, sums, count, metrics_v), timing=timing)
                 if ctx is not None:
                     is_best = bool(D.broadcast_object(is_best))
