@@ -849,7 +849,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                         ts, metrics = step_fn(ts, batch)
                     steps += 1
                     count += 1
-                    sums = sums + torch.stack([metrics[k].detach().double() for k in parts_keys])
+                    sums.add_(torch.stack([metrics[k].detach() for k in parts_keys]))  # 2 kernels (float64 += float32 exact)
                     imgs_epoch += batch.images.shape[0]
                     if on_step is not None:
                         try:
