@@ -284,3 +284,25 @@ def test_set_epoch_start_batch_yields_the_rest_of_the_epoch_then_whole_epochs(wo
     with pytest.raises(ValueError, match=r"start_batch must be in \[0, 4\), got 4"):
         loader.set_epoch(0, start_batch=4)
     loader.close()
+
+
+def test_start_loads_ahead_and_the_iteration_continues_from_there(tmp_path):
+    """``TrainLoader.start`` (the fit calls it before building its model) begins the iteration at
+    the ``set_epoch`` position; the batches are those of a loader that was never started early."""
+    from yolo_func.data import TrainLoader, builtin_dataset
+
+    ds = builtin_dataset("detect", "train", root=tmp_path, num_images=8)
+    kw = dict(batch_size=2, image_size=64, seed=3, epochs=3)
+    plain = TrainLoader(ds, workers=0, **kw)
+    plain.set_epoch(1, start_batch=1)
+    expected = [b.images.clone() for b in plain] + [b.images.clone() for b in plain]  # epoch 1 from batch 1, epoch 2
+    early = TrainLoader(ds, workers=1, **kw)
+    early.set_epoch(1, start_batch=1)
+    early.start()
+    it = early._it
+    early.set_epoch(1, start_batch=1)  # the fit's loop sets the same position again: no restart
+    got = [b.images.clone() for b in early]
+    assert early._it is it
+    got += [b.images.clone() for b in early]
+    early.close()
+    assert len(got) == len(expected) == 3 + 4 and all(torch.equal(a, b) for a, b in zip(got, expected))

@@ -117,3 +117,44 @@ def test_views_into_a_larger_buffer_are_saved_compactly(tmp_path):
     assert path.stat().st_size < 100_000  # not the 4 MB buffer behind the views
     loaded, _, _ = load_checkpoint(path, T.tree_zeros_like(tree))
     assert torch.equal(loaded["a"], flat[10:20]) and torch.equal(loaded["b"], flat[::100_000])
+
+
+def test_host_staging_copies_reuses_its_buffers_and_keeps_layouts(tmp_path):
+    from yolo_func.io.checkpoint import HostStaging, checkpoint_payload, write_checkpoint_payload
+
+    flat = torch.arange(1_000_000.0)
+    conv = torch.randn(8, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+    tree = {"conv": conv, "view": flat[10:20], "step": torch.tensor(5)}
+    staging = HostStaging()
+    first = staging.copy(tree)
+    staging.synchronize()
+    assert torch.equal(first["conv"], conv) and torch.equal(first["view"], flat[10:20]) and int(first["step"]) == 5
+    assert first["conv"].is_contiguous(memory_format=torch.channels_last)  # the layout kept
+    assert first["view"].untyped_storage().nbytes() == 10 * 4  # only the view's elements, not the 4 MB buffer
+    assert all(first[k].data_ptr() != x.data_ptr() for k, x in tree.items())
+    conv.add_(1.0)  # the source changes after the copy: the staged values do not
+    assert not torch.equal(first["conv"], conv)
+    second = staging.copy(tree)
+    assert second["conv"] is first["conv"] and torch.equal(second["conv"], conv)  # refreshed in place
+    tree["step"] = torch.zeros(2, dtype=torch.int64)  # another shape: a new buffer
+    assert staging.copy(tree)["step"].shape == (2,)
+    path = write_checkpoint_payload(tmp_path / "ck.pt", checkpoint_payload(tree, staging=staging))
+    loaded, _, _ = load_checkpoint(path, T.tree_zeros_like(tree))
+    assert_trees_all_equal(loaded, tree)
+
+
+@pytest.mark.cuda
+def test_host_staging_queues_cuda_copies_ahead_of_later_in_place_changes():
+    from yolo_func.io.checkpoint import HostStaging
+
+    dev = torch.device("cuda")
+    x = torch.full((4096, 1024), 1.0, device=dev)
+    staging = HostStaging()
+    torch.cuda._sleep(50_000_000)  # the device is busy: the copy is queued, not done, when copy() returns
+    host = staging.copy({"x": x})
+    x.fill_(7.0)  # the training stream changes the tensor in place right after
+    staging.synchronize()
+    assert host["x"].is_pinned() and bool((host["x"] == 1.0).all())
+    assert staging.copy({"x": x})["x"] is host["x"]
+    staging.synchronize()
+    assert bool((host["x"] == 7.0).all())

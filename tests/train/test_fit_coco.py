@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -210,3 +211,24 @@ def test_the_worker_process_scores_as_the_thread_does_and_stops_with_the_fit(tmp
         assert [e["epoch"] for e in _events(rd.path, "coco")] == [1]
     assert got[True] == got[False]
     assert got[True]["bbox"]["AP"] == pytest.approx(1.0)
+
+
+def test_a_worker_started_early_scores_later_or_exits_cleanly_unused(tmp_path):
+    """``BackgroundCoco.start`` (the fit calls it at start-up) runs the worker's imports ahead of
+    the first evaluation; the first submit uses that worker, and one stopped before any
+    evaluation is stopped at once (no 5 s wait for a worker still importing)."""
+    val = builtin_dataset("detect", "val", root=tmp_path / "data", num_images=N_VAL)
+    records = [{"image_id": a["image_id"], "category_id": a["category_id"], "bbox": a["bbox"], "score": 1.0}
+               for a in val.coco.dataset["annotations"] if not a.get("iscrowd", 0)]
+    bg = coco_background.BackgroundCoco(val.coco, run_dir=RunDir(tmp_path / "used", task="detect"), process=True)
+    scorer = bg.start()
+    assert scorer is not None and bg.start() is scorer  # started once
+    bg.submit(1, records, image_ids=None, iou_types=["bbox"])
+    assert bg._scorer is scorer and bg.finish()["bbox"]["AP"] == pytest.approx(1.0)
+    unused = coco_background.BackgroundCoco(val.coco, run_dir=RunDir(tmp_path / "unused", task="detect"), process=True)
+    scorer = unused.start()
+    t0 = time.monotonic()
+    unused.abandon()
+    assert scorer._proc.poll() is not None and time.monotonic() - t0 < 4.0
+    assert coco_background.BackgroundCoco(val.coco, run_dir=RunDir(tmp_path / "t", task="detect"),
+                                          process=False).start() is None  # the thread scorer: nothing to start

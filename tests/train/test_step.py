@@ -259,3 +259,32 @@ def test_without_the_alignment_a_schedule_would_see_another_iteration():
     opt = yolo_sgd(batch_size=2, batches_per_epoch=4, epochs=3, nbs=4)
     lr = opt.schedules.lr["decay"]
     assert float(lr(torch.tensor(3))) != float(lr(torch.tensor(2)))
+
+
+def test_metrics_reader_reads_posted_values_and_reports_skipped_steps_like_fetch_metrics():
+    from yolo_func.train.metrics import MetricsReader
+
+    reader = MetricsReader()
+    assert reader.poll() is None  # nothing posted yet
+    reader.post({"loss": torch.tensor(0.25), "step": torch.tensor(3), "finite": torch.tensor(True)})
+    assert reader.poll() == {"loss": 0.25, "step": 3.0, "finite": 1.0}  # CPU: read at once
+    assert reader.poll(wait=True) == reader.latest == {"loss": 0.25, "step": 3.0, "finite": 1.0}
+    with pytest.warns(NonFiniteLossWarning, match=r"step 4: non-finite loss/detect/box=nan"):
+        reader.post({"loss/detect/box": torch.tensor(float("nan")), "step": torch.tensor(4), "finite": torch.tensor(False)})
+        got = reader.poll()
+    assert math.isnan(got["loss/detect/box"]) and got["finite"] == 0.0
+
+
+@pytest.mark.cuda
+def test_metrics_reader_does_not_wait_for_the_device():
+    from yolo_func.train.metrics import MetricsReader
+
+    dev = torch.device("cuda")
+    reader = MetricsReader()
+    reader.post({"loss": torch.tensor(1.0, device=dev)})
+    assert reader.poll(wait=True) == {"loss": 1.0}
+    torch.cuda._sleep(200_000_000)  # the device is busy for a while
+    x = torch.tensor(2.0, device=dev)
+    reader.post({"loss": x})
+    assert reader.poll() == {"loss": 1.0}  # not landed yet: the previous values, no wait
+    assert reader.poll(wait=True) == {"loss": 2.0}

@@ -345,6 +345,24 @@ class TrainLoader:
                              f"got {start_batch}")
         self._epoch.value, self._epoch.start = int(epoch), int(start_batch)
 
+    def start(self) -> None:
+        """Start the workers on the next iteration's batches now (the epoch and batch of the last
+        :meth:`set_epoch`), so they load while the caller does other work (e.g. a fit building
+        its model and captures); the next ``for batch in loader`` continues from there. Nothing
+        changes when an iteration is already under way at that position.
+
+        Example:
+          >>> from yolo_func.data import builtin_dataset
+          >>> from yolo_func.data import TrainLoader
+          >>> loader = TrainLoader(builtin_dataset("detect", "train", num_images=4), batch_size=2, image_size=64, workers=0)
+          >>> loader.set_epoch(0, start_batch=1); loader.start()    # loading begins (workers > 0: in the background)
+          >>> len(list(loader))                                     # the rest of epoch 0: batch 1
+          1
+        """
+        start = self._epoch.start
+        if self._it is None or self._it_epoch != self.epoch or self._pos != start:
+            self._it, self._it_epoch, self._pos = iter(self._loader), self.epoch, start
+
     def close(self) -> None:
         """Stop the worker processes now (they also stop when the loader is deleted)."""
         self._it = None
@@ -354,10 +372,9 @@ class TrainLoader:
         return len(self._batches)
 
     def __iter__(self) -> Iterator[Batch]:
-        n, start = len(self), self._epoch.start
-        if self._it is None or self._it_epoch != self.epoch or self._pos != start:
-            # first use, set_epoch() to another epoch or batch, or an epoch left half-way: restart there
-            self._it, self._it_epoch, self._pos = iter(self._loader), self.epoch, start
+        n = len(self)
+        # first use, set_epoch() to another epoch or batch, or an epoch left half-way: restart there
+        self.start()
         while self._pos < n:
             batch, new = next(self._it)
             self._pos += 1

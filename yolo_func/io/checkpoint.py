@@ -123,14 +123,80 @@ def save_checkpoint(path: str | os.PathLike, tree: Any, *, config: dict | None =
     return write_checkpoint_payload(path, checkpoint_payload(tree, config=config, meta=meta, extra=extra))
 
 
+class HostStaging:
+    """Host buffers, allocated once and reused, that a pytree's tensors are copied into without a
+    host sync: CUDA tensors go to pinned memory with ``non_blocking`` copies queued on the current
+    stream (behind the work that produced them, ahead of any later in-place change), CPU tensors
+    are copied at once. :meth:`synchronize` waits for the copies (call it on the thread that
+    reads the buffers, e.g. a checkpoint writer); the training thread never waits.
+
+    The buffers are overwritten by the next :meth:`copy`: finish reading (writing the file) first.
+    Each buffer keeps its tensor's layout (``torch.empty_like``: the strides of a dense tensor,
+    e.g. channels-last weights; a view into a larger buffer gets only its own elements).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.io.checkpoint import HostStaging
+      >>> staging = HostStaging()
+      >>> tree = {"w": torch.ones(2, 3), "b": {"n": torch.tensor(7)}}
+      >>> host = staging.copy(tree); staging.synchronize()
+      >>> sorted(host), host["w"].data_ptr() != tree["w"].data_ptr(), int(host["b/n"])
+      (['b/n', 'w'], True, 7)
+      >>> staging.copy(tree)["w"] is host["w"]              # the same buffer, refreshed in place
+      True
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, tuple[tuple, torch.Tensor]] = {}
+        self._event: Any = None
+
+    def copy(self, tree: Any) -> dict[str, torch.Tensor]:
+        """``{path: host tensor}`` of every leaf of ``tree``, the copies queued (not awaited).
+
+        Args:
+          tree: a pytree of tensors (any device; CUDA leaves of several devices are not supported).
+
+        Returns:
+          ``{"/"-joined path: CPU tensor}`` (pinned for CUDA leaves), valid after :meth:`synchronize`.
+        """
+        out: dict[str, torch.Tensor] = {}
+        cuda = None
+        for p, x in T.tree_items(tree):
+            x = x.detach()
+            pin = x.is_cuda
+            key = (tuple(x.shape), x.dtype, x.stride(), pin)
+            entry = self._buffers.get(p)
+            if entry is None or entry[0] != key:
+                entry = self._buffers[p] = (key, torch.empty_like(x, device="cpu", pin_memory=pin))
+            buf = entry[1]
+            buf.copy_(x, non_blocking=pin)
+            out[p] = buf
+            if pin:
+                cuda = x.device
+        self._event = None
+        if cuda is not None:
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(cuda))
+        return out
+
+    def synchronize(self) -> None:
+        """Wait until the last :meth:`copy`'s device-to-host copies have landed."""
+        if self._event is not None:
+            self._event.synchronize()
+
+
 def checkpoint_payload(tree: Any, *, config: dict | None = None, meta: dict | None = None,
-                       extra: dict | None = None) -> dict:
+                       extra: dict | None = None, staging: HostStaging | None = None) -> dict:
     """What :func:`save_checkpoint` writes, with every tensor already copied to the CPU (a host
     sync): the payload no longer shares memory with ``tree``, so it can be written later or on
-    another thread while ``tree`` changes."""
+    another thread while ``tree`` changes.
+
+    With ``staging`` (a :class:`HostStaging`) the tensors go to its reused buffers without a host
+    sync: call ``staging.synchronize()`` before writing the payload, and write it before the
+    staging's next copy."""
     return {
         "format": FORMAT,
-        "tensors": {p: _own_cpu_copy(x) for p, x in T.tree_items(tree)},
+        "tensors": staging.copy(tree) if staging is not None else {p: _own_cpu_copy(x) for p, x in T.tree_items(tree)},
         "config": config or {},
         "meta": meta or {},
         "extra": extra or {},

@@ -17,9 +17,12 @@ def serve(conn: Connection) -> None:
     from yolo_func.eval import coco_eval
 
     try:
-        gt = coco_eval.load_coco(conn.recv())
+        first = conn.recv()
     except (EOFError, OSError):
         return
+    if first is None:  # started early (BackgroundCoco.start) and stopped before any evaluation
+        return
+    gt = coco_eval.load_coco(first)
     while True:
         try:
             job = conn.recv()

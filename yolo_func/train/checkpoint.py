@@ -30,7 +30,7 @@ import torch
 
 from yolo_func.configs import Config, config_from_dict, config_to_dict
 from yolo_func.configs.base import recipe_name
-from yolo_func.io.checkpoint import checkpoint_payload, read_checkpoint, restore_tree, write_checkpoint_payload
+from yolo_func.io.checkpoint import HostStaging, checkpoint_payload, read_checkpoint, restore_tree, write_checkpoint_payload
 from yolo_func.train.state import TrainState
 
 __all__ = [
@@ -213,17 +213,19 @@ def save_training_checkpoint(path: str | os.PathLike, train_state: TrainState, *
 
 
 def training_payload(train_state: TrainState, *, config: Config, position: DataPosition, rng: dict | None = None,
-                     meta: dict | None = None) -> dict:
+                     meta: dict | None = None, staging: HostStaging | None = None) -> dict:
     """The payload :func:`save_training_checkpoint` writes, tensors copied to the CPU (a host sync),
     detached from ``train_state``: write it with :func:`yolo_func.io.checkpoint.write_checkpoint_payload`
-    (e.g. on a background thread while training goes on)."""
+    (e.g. on a background thread while training goes on). With ``staging``
+    (:class:`yolo_func.io.checkpoint.HostStaging`) the copies are only queued (no host sync): call
+    ``staging.synchronize()`` before writing."""
     if not isinstance(train_state, TrainState):
         raise TypeError(f"[yolo_func] save_training_checkpoint expects a TrainState; got {type(train_state).__name__}")
     if not isinstance(config, Config):
         raise TypeError(f"[yolo_func] save_training_checkpoint expects config: Config; got {type(config).__name__}")
     position = DataPosition(*(int(v) for v in position))
     extra = {"format": TRAINING_FORMAT, "position": position._asdict(), "rng": capture_rng() if rng is None else rng}
-    return checkpoint_payload(train_state, config=config_to_dict(config), meta=meta, extra=extra)
+    return checkpoint_payload(train_state, config=config_to_dict(config), meta=meta, extra=extra, staging=staging)
 
 
 def _check_payload(path: Path, payload: dict) -> None:

@@ -110,6 +110,11 @@ class _ProcessScorer:
         self._conn = Connection(ours.detach())
         self._ground_truth = ground_truth  # sent by the first score(), on the waiting thread
 
+    @property
+    def unused(self) -> bool:
+        """No request was ever sent (the ground truth is still here): nothing to finish."""
+        return self._ground_truth is not None
+
     def score(self, records: list, image_ids, iou_types: list[str]) -> dict:
         try:
             if self._ground_truth is not None:  # the worker is still importing: sent from this thread
@@ -230,17 +235,7 @@ class BackgroundCoco:
           iou_types: ``bbox`` [+ ``segm`` / ``keypoints``].
         """
         self.collect(wait=True)
-        use_process = os.name == "posix" and (self._process if self._process is not None
-                                              else evaluate_records is _THREAD_SCORER)
-        if use_process and self._scorer is None:
-            try:
-                self._scorer = _ProcessScorer(getattr(self._source, "dataset", self._source))  # a COCO's dict, or the dict
-            except OSError as e:  # e.g. no process left to start: score on the thread instead
-                warnings.warn(f"[yolo_func] could not start the COCO worker process ({e}); scoring on a thread",
-                              UserWarning, stacklevel=2)
-                self._process = False
-                use_process = False
-        scorer = self._scorer if use_process else None
+        scorer = self.start()
         future: Future = Future()
         abandoned = threading.Event()
         ids = None if image_ids is None else list(image_ids)
@@ -248,6 +243,23 @@ class BackgroundCoco:
                                   name=f"yolo_func-coco-epoch{epoch}", daemon=True)
         self._job = _Job(epoch, records, ids, list(iou_types), future, abandoned, thread)
         thread.start()
+
+    def start(self) -> _ProcessScorer | None:
+        """Start the worker interpreter now (if this evaluator scores in one and it is not running
+        yet), so that its imports overlap with the fit's start-up and first epoch instead of
+        delaying the first evaluation (and, through it, the second submit). :meth:`submit` calls
+        it too. Returns the worker's handle, or None when scoring runs on a thread."""
+        use_process = os.name == "posix" and (self._process if self._process is not None
+                                              else evaluate_records is _THREAD_SCORER)
+        if use_process and self._scorer is None:
+            try:
+                self._scorer = _ProcessScorer(getattr(self._source, "dataset", self._source))  # a COCO's dict, or the dict
+            except OSError as e:  # e.g. no process left to start: score on the thread instead
+                warnings.warn(f"[yolo_func] could not start the COCO worker process ({e}); scoring on a thread",
+                              UserWarning, stacklevel=3)
+                self._process = False
+                use_process = False
+        return self._scorer if use_process else None
 
     def collect(self, *, wait: bool | float = False) -> None:
         """Take the finished evaluation's numbers (or warn about its failure).
@@ -293,5 +305,5 @@ class BackgroundCoco:
             with self._run_dir.lock:
                 job.abandoned.set()
         scorer, self._scorer = self._scorer, None
-        if scorer is not None:
-            scorer.close(kill=job is not None and job.thread.is_alive())
+        if scorer is not None:  # terminated at once when still scoring, or never used (started early, still importing)
+            scorer.close(kill=(job is not None and job.thread.is_alive()) or scorer.unused)

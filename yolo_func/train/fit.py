@@ -23,9 +23,11 @@ the last one trained (``TrainLoader.set_epoch(epoch, start_batch=)``; nothing is
 batches before), so a resumed run sees the batches an uninterrupted one would and ends with a bitwise equal
 :class:`~yolo_func.train.TrainState` (on the CPU; tested).
 
-Host syncs: none per step. Metrics are fetched (one sync, :func:`yolo_func.train.metrics.fetch_metrics`)
-every ``log_every`` steps for the progress bar; the epoch's mean loss parts are summed on the
-device and read once per epoch.
+Host syncs: none per step. Every ``log_every`` steps the progress bar's metrics are copied to
+pinned host memory without waiting (:class:`yolo_func.train.metrics.MetricsReader`) and shown
+from the previous log step's copy once it has landed; the epoch's mean loss parts are summed on
+the device and read once per epoch (after its validation). Checkpoint tensors go to reused pinned buffers without a sync
+(:class:`yolo_func.io.checkpoint.HostStaging`), written on a thread.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from yolo_func.structures.records import Targets
 from yolo_func.train import coco_background
 from yolo_func.train import distributed as D
 from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
-from yolo_func.train.metrics import fetch_metrics
+from yolo_func.train.metrics import MetricsReader
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
 from yolo_func.train.replay import ReplayTrainStep
 from yolo_func.train.run_dir import RunDir
@@ -350,7 +352,8 @@ def _dataset_masks(dataset: Any, index: int, orig_shape: tuple[int, int]) -> np.
 
 def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
              device: torch.device, autocast_dtype: torch.dtype | None = None, progress: bool = True,
-             desc: str = "val", coco: CocoEvaluator | None = None, gather: bool = False) -> dict:
+             desc: str = "val", coco: CocoEvaluator | None = None, gather: bool = False,
+             gt_cache: dict | None = None) -> dict:
     """The reference's per-epoch validation (REFERENCE.md §3.1, §3.6) on given weights.
 
     Rect batches (``loader``) -> ``model.predict`` (eval mode) -> :func:`postprocess` (multi-label,
@@ -378,6 +381,9 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
       gather: data-parallel validation: ``loader`` is this rank's shard (``ValLoader(shard=)``);
         every rank's accumulated matches (and COCO records) are gathered, so every rank returns
         the metrics of the whole validation set (and ``coco`` holds every rank's records).
+      gt_cache: a dict kept across calls on the same data (the fit keeps one for the run): the
+        ground-truth masks of each image (rasterised from the annotations and warped into the
+        letterbox: the same at every epoch) are computed once and reused.
 
     Returns:
       :meth:`MetricAccumulator.compute`'s dict (``box`` and ``mask`` / ``pose``: P, R, mAP50, mAP50-95; ``fitness``).
@@ -410,8 +416,7 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
             native = postprocess(inf, **post, mask_method="native", letterbox=letterboxes)
         t = vb.targets
         gts, outs = [], []
-        for b, det in enumerate(dets):
-            det = type(det)(*(None if v is None else v.cpu() for v in det))
+        for b, det in enumerate(_dets_to_host(dets)):
             gx, gy = (float(v) for v in vb.gains[b])
             pad = tuple(float(v) for v in vb.pads[b])
             orig = tuple(int(v) for v in vb.orig_shapes[b])
@@ -428,8 +433,13 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
                 kp = torch.stack((kx, ky, k[..., 2]), -1)
             gm = None
             if masks is not None:
-                gm = _gt_masks(_dataset_masks(dataset, index_of[int(vb.image_ids[b])], orig), (gx, gy), pad,
-                               tuple(vb.images.shape[-2:]))
+                key = (int(vb.image_ids[b]), tuple(vb.images.shape[-2:]), (gx, gy), pad)
+                gm = gt_cache.get(key) if gt_cache is not None else None
+                if gm is None:  # rasterised once per image and letterbox, kept across the fit's validations
+                    gm = _gt_masks(_dataset_masks(dataset, index_of[int(vb.image_ids[b])], orig), (gx, gy), pad,
+                                   tuple(vb.images.shape[-2:]))
+                    if gt_cache is not None:
+                        gt_cache[key] = gm
             gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
         acc.process(outs, gts)
         if coco is not None:
@@ -437,6 +447,20 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
     if gather:
         _gather_validation(acc, coco)
     return acc.compute()
+
+
+def _dets_to_host(dets: list) -> list:
+    """The batch's :class:`Detections` on the host: one copy per field for the whole batch (the
+    images concatenated, copied ``non_blocking``, one wait), then split per image, instead of a
+    blocking copy per image and field."""
+    if not dets or dets[0].boxes.device.type == "cpu":
+        return dets
+    counts = [int(d.boxes.shape[0]) for d in dets]
+    fields = [None if getattr(dets[0], f) is None else torch.cat([getattr(d, f) for d in dets]).to("cpu", non_blocking=True)
+              for f in type(dets[0])._fields]
+    torch.cuda.current_stream(dets[0].boxes.device).synchronize()  # the copies have landed
+    parts = [None if v is None else v.split(counts) for v in fields]
+    return [type(dets[0])(*(None if p is None else p[i] for p in parts)) for i in range(len(dets))]
 
 
 def _gather_validation(acc: MetricAccumulator, coco: CocoEvaluator | None) -> None:
@@ -604,7 +628,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
       on_step: called after every step with a :class:`StepInfo`; raising :class:`KeyboardInterrupt`
         there stops the run as Ctrl-C does (``last.pt`` saved at the next batch's position).
       progress: tqdm bars (training and validation) and the final summary on stdout.
-      log_every: steps between two metric fetches for the progress bar (the only per-step host syncs).
+      log_every: steps between two metric reads for the progress bar (copied without a host sync,
+        shown one log step late on CUDA; :class:`yolo_func.train.metrics.MetricsReader`).
       builtin_root: the built-in data's cache folder (default ``~/.cache/yolo_func``).
 
     Returns:
@@ -633,7 +658,6 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     if (train_data is None) != (val_data is None):
         raise ValueError("[yolo_func] fit: give both train_data and val_data, or neither (then config.data.path is read)")
     t_start = time.monotonic()
-    _warm_imports()
     # data-parallel (started by torchrun / --devices): join the process group; rank 0 alone
     # shows progress and writes the run folder (docs/distributed.md)
     created_group = D.env_world() is not None and not torch.distributed.is_initialized()
@@ -684,11 +708,21 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                          workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,
                          augment=_loader_augment(config), epochs=config.train.epochs, max_boxes=config.data.max_boxes,
                          rank=rank, world_size=world)
+    # the workers load the first batches while the model state, optimizer and captures are set up
+    first = position if position is not None else DataPosition(0, 0, config.train.seed)
+    if first.epoch < config.train.epochs:
+        loader.set_epoch(first.epoch, start_batch=first.batch)
+        loader.start()
+    _warm_imports()  # after the workers' fork: no child forked while a thread holds an import lock
     nb = len(loader)
     val_batch = config.val.batch_size or 2 * config.data.batch_size
-    val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=min(workers, 4),
+    # a small validation set needs no more workers than it has batches (each is a fork of this process)
+    val_workers = min(workers, 4, math.ceil(len(val_data) / (val_batch * world)))
+    val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=val_workers,
                            task=config.model.task, shapes=getattr(val_data, "image_sizes", None), shard=(rank, world))
     coco = _coco_setup(config, val_data, rd)
+    if coco is not None and rank == 0:
+        coco[2].start()  # the scoring interpreter imports while the fit starts and trains its first epoch
     opt = _optimizer(config, nb, world)
     ema = make_ema(config.optim.ema_decay, config.optim.ema_tau)
     ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
@@ -773,6 +807,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 row[f"{k}/mAP50-95"] = metrics.get(k, {}).get("mAP50-95", 0.0)
         return row
 
+    gt_cache: dict = {}  # the validation images' ground-truth masks, rasterised at the first validation
+
     def run_validation(epoch_index: int) -> tuple[dict, CocoEvaluator | None]:
         e_params, e_state = ts.ema.ema["params"], ts.ema.ema["state"]
         records = None
@@ -781,7 +817,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
             records = CocoEvaluator(gt, category_ids=category_ids, verbose=False)
         metrics_v = validate(model, e_params, e_state, val_loader, val_data, config=config, device=device,
                              autocast_dtype=val_dtype, progress=progress, desc=f"val {epoch_index + 1}/{epochs}", coco=records,
-                             gather=ctx is not None)
+                             gather=ctx is not None, gt_cache=gt_cache)
         return metrics_v, records
 
     def submit_coco(epoch_index: int, records: CocoEvaluator | None) -> None:
@@ -800,6 +836,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 bar = tqdm(total=nb, initial=start_batch, desc=f"epoch {epoch + 1}/{epochs}", leave=True,
                            disable=not progress, dynamic_ncols=True, file=sys.stderr)
                 t_epoch, imgs_epoch, shown = time.monotonic(), 0, {}
+                reader = MetricsReader()
                 b = -1
                 t_first = None
                 for b, host_batch in enumerate(loader, start=start_batch):
@@ -813,16 +850,19 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                         ts, metrics = step_fn(ts, batch)
                     steps += 1
                     count += 1
-                    sums = sums + torch.stack([metrics[k].detach().double() for k in parts_keys])
+                    sums.add_(torch.stack([metrics[k].detach() for k in parts_keys]))  # 2 kernels (float64 += float32 exact)
                     imgs_epoch += batch.images.shape[0]
                     if on_step is not None:
                         try:
                             on_step(StepInfo(steps, epoch, b, ts, host_batch, metrics))
                         except KeyboardInterrupt:
                             interrupt.requested = True
-                    if count % log_every == 0 or b == nb - 1:  # the one host sync, every log_every steps
-                        m = fetch_metrics({k: metrics[k] for k in parts_keys} | {"finite": metrics["finite"], "step": metrics["step"]})
-                        shown = {k.rsplit("/", 1)[-1]: f"{m[k]:.3f}" for k in parts_keys}
+                    if count % log_every == 0 or b == nb - 1:  # no host sync: the previous log step's values
+                        reader.poll()  # the values posted log_every steps ago, if their copy has landed
+                        reader.post({k: metrics[k] for k in parts_keys} | {"finite": metrics["finite"], "step": metrics["step"]})
+                        m = reader.poll()  # on the CPU: this step's values
+                        if m is not None:
+                            shown = {k.rsplit("/", 1)[-1]: f"{m[k]:.3f}" for k in parts_keys}
                         rate = imgs_epoch / max(time.monotonic() - t_epoch, 1e-9)
                         bar.set_postfix(shown | {"inst": int(host_batch.targets.valid.sum()),
                                                   "size": config.data.image_size, "img/s": f"{rate:.1f}",
@@ -863,8 +903,11 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                 # the previous epoch's checkpoint (written while this epoch trained) is on disk before this
                 # epoch's row: events.jsonl keeps epoch, checkpoint, epoch, checkpoint ... in order
                 rd.wait()
+                t_coco = time.monotonic()
+                if records is not None and rank == 0:
+                    coco[2].collect(wait=True)  # the previous evaluation, if still running (submit waits for it)
                 timing = {"first_batch": t_first or 0.0, "train": t_val - t_epoch, "val": t_wait - t_val,
-                          "checkpoint_wait": time.monotonic() - t_wait}
+                          "checkpoint_wait": t_coco - t_wait, "coco_wait": time.monotonic() - t_coco}
                 is_best = rd.log_epoch(row_for(epoch + 1, sums, count, metrics_v), timing=timing)
                 if ctx is not None:
                     is_best = bool(D.broadcast_object(is_best))
