@@ -168,7 +168,7 @@ class CompiledModel:
             # uint8 pixels divided by 255 inside the compiled graph (train.step.normalize_images)
             if x.dtype == torch.uint8:
                 x = x.to(dtype) / 255
-            return network.apply(params, state, x, train=True)
+            return network.apply(params, state, x, train=True)[0]  # the statistics: updated in `state`
 
         self._network = torch.compile(network_apply, **kw)
         self._heads = {name: torch.compile(_head_apply(head), **kw) for name, head in model.heads.items()}
@@ -204,7 +204,9 @@ class CompiledModel:
         """
         dtype = next((p.dtype for p in T.tree_leaves(params) if p.is_floating_point()), torch.float32)
         with self._call("network/forward", _key(x)):
-            return self._network(params, state, x, dtype)
+            # BN writes the new statistics into `state` (in place, inside the graph): `state` is the
+            # new state, as the uncompiled in-place path returns it (no aliased outputs to rebuild)
+            return self._network(params, state, x, dtype), state
 
     def head(self, name: str) -> Callable:
         """Head ``name``'s compiled apply: ``(params, state, feats) -> (preds, new_state)``
@@ -213,7 +215,7 @@ class CompiledModel:
 
         def apply(params: dict, state: dict, feats):
             with self._call(f"{name}/forward", _key(feats)):
-                return fn(params, state, feats)
+                return fn(params, state, feats), state
 
         return apply
 
@@ -238,7 +240,7 @@ class CompiledModel:
 
 def _head_apply(head) -> Callable:
     def head_apply(params, state, feats):
-        return head.apply(params, state, feats, train=True)
+        return head.apply(params, state, feats, train=True)[0]  # the statistics: updated in `state`
 
     return head_apply
 
