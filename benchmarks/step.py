@@ -3,6 +3,7 @@ the reference's own eager step, side by side in one process.
 
     python benchmarks/step.py --out benchmarks/results            # all tasks x batches 4/16/64
     python benchmarks/step.py --tasks segment --batches 4 --steps 30
+    python benchmarks/step.py --compile --variants eager network+heads step floor   # + compiled variants
 
 For every (task, batch) at 640 px, nano, BF16 autocast: median step time over >= 30 timed steps
 after >= 10 warm-up steps (CUDA events around each step; variants alternate step by step so drift
@@ -18,6 +19,14 @@ hits them alike) and peak reserved memory (measured per variant in a separate pa
 - ``ref_nchw``, ``ref_cl``: the reference package's model + criterion + ``torch.optim.SGD`` step
   (forward, loss, ``loss.sum().backward()``, step, zero_grad) under BF16 autocast, NCHW and
   channels_last; skipped when ``ultralytics`` is not importable.
+- ``<variant>/compile`` for ``eager``, ``network``, ``network+heads``, ``step`` and ``floor``: the
+  same with the network and heads compiled by inductor (``ReplayTrainStep(compile=...)``,
+  :mod:`yolo_func.train.compiled`); ``--compile [MODE]`` adds them for every listed variant
+  (MODE ``default`` or ``max-autotune``), or name them in ``--variants``. One
+  :class:`~yolo_func.train.compiled.CompiledModel` per task is shared by its compiled variants, so
+  a shape compiles once: before the memory pass, timed (``compile_s`` of the first compiled
+  variant of each (task, batch); the others reuse it and report 0). Inductor's cache lives in
+  ``TORCHINDUCTOR_CACHE_DIR``: a second run of the same shapes compiles in seconds.
 
 Writes ``step_<date>.json`` and ``step_<date>.md`` (with the command, GPU, torch version, date).
 """
@@ -46,11 +55,29 @@ from yolo_func.nn import update_stats_in_place  # noqa: E402
 from yolo_func.optim import ema  # noqa: E402
 from yolo_func.testing.synthetic import synthetic_batch  # noqa: E402
 from yolo_func.train import init_train_state, yolo_sgd  # noqa: E402
+from yolo_func.train.compiled import CompiledModel  # noqa: E402
 from yolo_func.train.replay import ReplayTrainStep  # noqa: E402
+
+_MODELS: dict = {}
+_COMPILED: dict = {}
+COMPILABLE = ("eager", "network", "network+heads", "step", "floor")
+
+
+def _model(task):
+    """One model per task (pure functions: sharing it lets compiled variants share their graphs)."""
+    if task not in _MODELS:
+        _MODELS[task] = yolov8("n", task=task)
+    return _MODELS[task]
+
+
+def _compiled(task, mode):
+    if (task, mode) not in _COMPILED:
+        _COMPILED[task, mode] = CompiledModel(_model(task), mode)
+    return _COMPILED[task, mode]
 
 
 def _ours(task, batch, level, **step_kw):
-    model = yolov8("n", task=task)
+    model = _model(task)
     opt = yolo_sgd(batch_size=batch, batches_per_epoch=1000, epochs=100)
     e = ema()
     ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), device="cuda", ema=e)
@@ -65,17 +92,24 @@ def _ours(task, batch, level, **step_kw):
     return run
 
 
-def _floor(task, batch):
-    model = yolov8("n", task=task)
+def _floor(task, batch, compiled=None):
+    model = _model(task)
     params, st = T.tree_to(model.init(torch.Generator().manual_seed(0)), "cuda", channels_last=True)
     b = synthetic_batch(task, batch, 640, num_classes=model.num_classes, seed=1, device="cuda")
     x = b.images.contiguous(memory_format=torch.channels_last)
 
     def fn(p, s, images):
-        preds, new_s = model.apply(p, s, images, train=True)
+        if compiled is None:
+            preds, new_s = model.apply(p, s, images, train=True)
+        else:  # the compiled network and heads, differentiated through autograd as one graph
+            feats, net_s = compiled.network(p["network"], s["network"], images)
+            outs = {n: compiled.head(n)(p["heads"][n], s["heads"][n], feats) for n in model.heads}
+            preds = {n: o[0] for n, o in outs.items()}
+            new_s = {"network": net_s, "heads": {n: o[1] for n, o in outs.items()}}
         return tuple(T.tree_leaves(preds)), new_s
 
-    cap = capture_vjp(fn, params, st, x, autocast_dtype=torch.bfloat16, forward_context=update_stats_in_place)
+    kw = {} if compiled is None else {"vjp": compiled.vjp("floor")}
+    cap = capture_vjp(fn, params, st, x, autocast_dtype=torch.bfloat16, forward_context=update_stats_in_place, **kw)
     ones = None
 
     def run():
@@ -166,6 +200,9 @@ def main() -> int:
     ap.add_argument("--batches", nargs="+", type=int, default=[4, 16, 64])
     ap.add_argument("--variants", nargs="+", default=["eager", "network", "network/eager-update", "network+heads", "step",
                                                       "floor", "ref_nchw", "ref_cl"])
+    ap.add_argument("--compile", nargs="?", const="default", default=None, choices=["default", "max-autotune"],
+                    help="add '<variant>/compile' for each listed variant among " + ", ".join(COMPILABLE)
+                    + " (inductor mode; default 'default')")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -174,6 +211,13 @@ def main() -> int:
     torch.backends.cudnn.benchmark = False
     if not _has_reference():
         args.variants = [v for v in args.variants if not v.startswith("ref")]
+    if args.compile is not None:
+        args.variants += [f"{v}/compile" for v in args.variants if v in COMPILABLE and f"{v}/compile" not in args.variants]
+    known = (*COMPILABLE, "network/eager-update", "ref_nchw", "ref_cl", *(f"{v}/compile" for v in COMPILABLE))
+    unknown = [v for v in args.variants if v not in known]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}")
+    compile_mode = args.compile or "default"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
@@ -187,6 +231,8 @@ def main() -> int:
         "autocast": "bf16",
         "warmup": args.warmup,
         "timed_steps": args.steps,
+        "compile_mode": compile_mode if any(v.endswith("/compile") for v in args.variants) else None,
+        "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }
     results = []
     builders = {
@@ -198,11 +244,34 @@ def main() -> int:
         "floor": _floor,
         "ref_nchw": lambda t, b: _reference(t, b, False),
         "ref_cl": lambda t, b: _reference(t, b, True),
+        "eager/compile": lambda t, b: _ours(t, b, "none", compile=_compiled(t, compile_mode)),
+        "network/compile": lambda t, b: _ours(t, b, "network", compile=_compiled(t, compile_mode)),
+        "network+heads/compile": lambda t, b: _ours(t, b, "network+heads", compile=_compiled(t, compile_mode)),
+        "step/compile": lambda t, b: _ours(t, b, "step", compile=_compiled(t, compile_mode)),
+        "floor/compile": lambda t, b: _floor(t, b, _compiled(t, compile_mode)),
     }
     for task in args.tasks:
         for batch in args.batches:
-            runs, mem = {}, {}
+            runs, mem, compile_s, failed = {}, {}, {}, set()
+            for v in args.variants:  # pass 0: compile this shape (host seconds), before memory is measured
+                if not v.endswith("/compile"):
+                    continue
+                cm = _compiled(task, compile_mode)
+                before = cm.compile_seconds
+                try:
+                    fn = builders[v](task, batch)
+                    for _ in range(2):
+                        fn()
+                    torch.cuda.synchronize()
+                    del fn
+                except Exception as e:  # keep going: report what failed
+                    traceback.print_exc()
+                    failed.add(v)
+                    results.append({"task": task, "batch": batch, "variant": v, "error": f"{type(e).__name__}: {e}"[:500]})
+                compile_s[v] = cm.compile_seconds - before
             for v in args.variants:  # pass 1: peak reserved memory, each variant alone
+                if v in failed:
+                    continue
                 try:
                     mem[v] = _peak_reserved_mib(lambda: builders[v](task, batch))
                 except Exception as e:  # keep going: report what failed
@@ -224,6 +293,8 @@ def main() -> int:
                 r = {"task": task, "batch": batch, "variant": v, "median_ms": statistics.median(ts),
                      "p10_ms": sorted(ts)[len(ts) // 10], "p90_ms": sorted(ts)[(9 * len(ts)) // 10],
                      "peak_reserved_mib": mem[v]}
+                if v in compile_s:
+                    r["compile_s"] = round(compile_s[v], 2)
                 results.append(r)
                 print(json.dumps(r), flush=True)
             del runs
@@ -231,6 +302,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             json.dump({"meta": meta, "results": results}, open(out / f"step_{stamp}.json", "w"), indent=1)
     # Markdown table
+    compiled_cols = int(meta["compile_mode"] is not None)
     rows = {}
     for r in results:
         if "median_ms" in r:
@@ -238,14 +310,20 @@ def main() -> int:
     lines = [f"# Training step, yolov8n, 640 px, BF16 — {meta['gpu']}, torch {meta['torch']}, {stamp}", "",
              f"Command: `{meta['command']}`", "",
              "median ms per step (peak reserved MiB); speed-up = ref_cl / variant", "",
-             "| task | batch | " + " | ".join(args.variants) + " | step vs ref_cl | step vs floor | network vs eager |",
-             "|---|---:|" + "---:|" * (len(args.variants) + 3)]
+             "| task | batch | " + " | ".join(args.variants) + " | step vs ref_cl | step vs floor | network vs eager |"
+             + (" step/compile vs floor/compile | compile s |" if compiled_cols else ""),
+             "|---|---:|" + "---:|" * (len(args.variants) + 3 + 2 * compiled_cols)]
     for (task, batch), vs in rows.items():
         cells = [f"{vs[v]['median_ms']:.2f} ({vs[v]['peak_reserved_mib']:.0f})" if v in vs else "–" for v in args.variants]
         sp = lambda a, b: f"{vs[a]['median_ms'] / vs[b]['median_ms']:.2f}x" if a in vs and b in vs else "–"  # noqa: E731
         red = (f"{100 * (1 - vs['network']['median_ms'] / vs['eager']['median_ms']):.0f}% shorter"
                if "network" in vs and "eager" in vs else "–")
-        lines.append(f"| {task} | {batch} | " + " | ".join(cells) + f" | {sp('ref_cl', 'step')} | {sp('step', 'floor')} | {red} |")
+        extra = ""
+        if compiled_cols:
+            secs = sum(r.get("compile_s", 0.0) for r in vs.values())
+            extra = f" {sp('step/compile', 'floor/compile')} | {secs:.0f} |"
+        lines.append(f"| {task} | {batch} | " + " | ".join(cells) + f" | {sp('ref_cl', 'step')} | {sp('step', 'floor')} | {red} |"
+                     + extra)
     errors = [r for r in results if "error" in r]
     if errors:
         lines += ["", "Errors:"] + [f"- {r['task']} b{r['batch']} {r['variant']}: {r['error']}" for r in errors]

@@ -8,6 +8,8 @@ Low floor: imports only torch and :mod:`yolo_func.tree`.
 - :func:`first_order`: a pullback run under ``torch.no_grad()`` (native first-order backward
   kernels, no graph of the backward).
 - :func:`flat_vjp`: ``torch.func.vjp`` whose trees cross the transform as flat leaf tuples.
+- :func:`autograd_vjp`: the same contract through ``torch.autograd``, for functions ``torch.func``
+  cannot transform (``torch.compile``'d ones: AOTAutograd differentiates them).
 
 Example:
   >>> import torch
@@ -28,7 +30,7 @@ from torch.func import vjp
 
 from yolo_func import tree as T
 
-__all__ = ["autocast", "autocast_dtype", "eval_autocast_dtype", "first_order", "flat_vjp"]
+__all__ = ["autocast", "autocast_dtype", "autograd_vjp", "eval_autocast_dtype", "first_order", "flat_vjp"]
 
 
 _AUTOCAST_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -182,3 +184,58 @@ def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
 
     return (T.tree_unflatten(box["out_def"], list(out_leaves)), flat_pullback,
             T.tree_unflatten(box["aux_def"], list(aux_leaves)))
+
+
+def autograd_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
+    """:func:`flat_vjp`'s contract through ``torch.autograd`` instead of ``torch.func``.
+
+    ``torch.func.vjp`` cannot differentiate a ``torch.compile``'d function (dynamo does not run
+    under functorch's transforms); autograd can: AOTAutograd compiles the forward and backward of
+    a function whose inputs are ``requires_grad`` leaves. Here every primal leaf is replaced by a
+    fresh leaf (``detach().requires_grad_()``: same storage, so in-place updates of the originals
+    are seen by later calls), ``fn`` runs under ``torch.enable_grad()``, and the pullback is one
+    ``torch.autograd.grad`` call. The outputs are returned detached (as ``torch.func.vjp`` returns
+    plain tensors); the graph behind them lives in the pullback.
+
+    Args:
+      fn: ``(*primals) -> (outputs, aux)``; ``aux`` must not depend on the primals.
+      primals: pytrees of floating tensors (differentiated).
+
+    Returns:
+      ``(outputs, pullback, aux)``; ``pullback(cotangents, retain_graph=False) -> tuple of
+      gradient trees`` (one per primal; zeros where an input does not reach the outputs). Call it
+      once (or pass ``retain_graph=True``).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.func import autograd_vjp
+      >>> def fn(p):                                          # a tree in, (output, aux) out
+      ...     return (p["w"] * 3).sum(), {"n": p["w"].detach().sum()}
+      >>> out, pullback, aux = autograd_vjp(fn, {"w": torch.ones(2)})
+      >>> out, aux, pullback(torch.tensor(1.0))[0]["w"]
+      (tensor(6.), {'n': tensor(2.)}, tensor([3., 3.]))
+    """
+    trees, flat_in, counts = [], [], []
+    for p in primals:
+        leaves, treedef = T.tree_flatten(p)
+        fresh = [x.detach().requires_grad_(True) for x in leaves]
+        trees.append((treedef, len(fresh)))
+        flat_in.extend(fresh)
+    it = iter(flat_in)
+    args = [T.tree_unflatten(d, [next(it) for _ in range(n)]) for d, n in trees]
+    with torch.enable_grad():
+        out, aux = fn(*args)
+    out_leaves, out_def = T.tree_flatten(out)
+
+    def pullback(cotangents: Any, *, retain_graph: bool = False) -> tuple[Any, ...]:
+        cts = T.tree_leaves(cotangents)
+        if len(cts) != len(out_leaves):
+            raise ValueError(f"[yolo_func] autograd_vjp: {len(cts)} cotangent leaves for {len(out_leaves)} outputs")
+        pairs = [(o, c) for o, c in zip(out_leaves, cts) if o.requires_grad]
+        grads = torch.autograd.grad([o for o, _ in pairs], flat_in, [c for _, c in pairs], retain_graph=retain_graph,
+                                    allow_unused=True) if pairs else [None] * len(flat_in)
+        grads = [torch.zeros_like(x) if g is None else g for x, g in zip(flat_in, grads)]
+        gi = iter(grads)
+        return tuple(T.tree_unflatten(d, [next(gi) for _ in range(n)]) for d, n in trees)
+
+    return T.tree_unflatten(out_def, [o.detach() for o in out_leaves]), pullback, aux

@@ -43,7 +43,7 @@ class _Graph:
 
 
 def _fake_capture_vjp(fn, params, state, x=(), *, warmup=3, autocast_dtype=None, generators=(), pool=None,
-                      forward_context=None):
+                      forward_context=None, vjp=None):
     """capture_vjp's contract on the CPU: static inputs, static outputs / new state / gradients,
     forward and backward 'replays' that recompute on the static buffers."""
     del warmup, generators
@@ -53,6 +53,8 @@ def _fake_capture_vjp(fn, params, state, x=(), *, warmup=3, autocast_dtype=None,
 
     def run():
         with autocast("cpu", autocast_dtype), (forward_context() if forward_context else _null()):
+            if vjp is not None:  # e.g. a CompiledModel's autograd_vjp
+                return vjp(lambda p: fn(p, static_s, static_x), static_p)
             return torch.func.vjp(lambda p: fn(p, static_s, static_x), static_p, has_aux=True)
 
     backup = T.tree_clone(static_s)
@@ -237,3 +239,31 @@ def test_the_level_classes_cover_every_level_once():
     for name in replay_module.LEVELS:
         step = ReplayTrainStep(yolov8("n", task="detect", num_classes=3), multi_steps(sgd(0.1), every=1), capture=name)
         assert type(step._level).name == name
+
+
+@pytest.mark.slow
+def test_compiled_levels_step_bitwise_like_the_compiled_eager_step(fake_capture):
+    """``compile=`` plumbing of every level on the CPU: with one shared
+    :class:`yolo_func.train.compiled.CompiledModel` (``"aot_eager"``: dynamo + AOTAutograd, quick to
+    compile; inductor runs in the GPU suite) each level steps bitwise like the compiled eager step
+    (segment, a quarter-width model, 32 px), the compiled functions were traced once (no graph
+    breaks, no recompiles) and the stand-in captures received the compiled vjp."""
+    from yolo_func.models.scales import Scale
+    from yolo_func.train.compiled import CompiledModel
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    tiny = yolov8(Scale("tiny", 0.33, 0.0625, 1024), task="segment", num_classes=3)
+    cm = CompiledModel(tiny, "aot_eager")
+    want, _ = _run(tiny, "none", [32, 32], compile=cm)
+    seconds = cm.compile_seconds
+    assert seconds > 0 and set(cm.compile_times) == {f"{p}/{d}" for p in ("network", "detect", "segment")
+                                                      for d in ("forward", "backward")}
+    for capture in ("network", "network+heads", "step"):
+        n = _captures(capture, tiny)
+        with assert_max_captures(n=n) as made:
+            got, step = _run(tiny, capture, [32, 32], compile=cm)
+        assert made.count == n and step.compiled is cm
+        _assert_runs_equal(got, want, f"compiled {capture}")
+    assert cm.compile_seconds == seconds  # nothing compiled again
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 3  # network, detect, segment: one graph each

@@ -291,6 +291,7 @@ def capture_vjp(
     generators: tuple[torch.Generator, ...] = (),
     pool: Any = None,
     forward_context: Callable[[], ContextManager] | None = None,
+    vjp: Callable | None = None,
 ) -> Captured:
     """Capture ``fn``'s forward pass and its pullback w.r.t. ``params`` as two CUDA graphs.
 
@@ -311,6 +312,10 @@ def capture_vjp(
       forward_context: a zero-argument factory of a context manager entered around every forward
         (warm-up and capture), e.g. :func:`yolo_func.nn.update_stats_in_place` to record BN
         statistic updates straight into the static state buffers; None: no context.
+      vjp: ``(f, params) -> (outputs, pullback, new_state)`` with ``f: params -> (outputs,
+        new_state)``, the differentiation recorded in both graphs; None: ``torch.func.vjp``
+        (``has_aux=True``). :func:`yolo_func.func.autograd_vjp` for a ``torch.compile``'d ``fn``
+        (:class:`yolo_func.train.compiled.CompiledModel`).
 
     Returns:
       :class:`Captured`. Its static buffers start as copies of ``params``, ``state`` and ``x``,
@@ -338,6 +343,9 @@ def capture_vjp(
         raise TypeError(f"[yolo_func] capture_vjp: forward_context must be a zero-argument factory of a "
                         f"context manager (e.g. yolo_func.nn.update_stats_in_place) or None, got "
                         f"{type(forward_context).__name__}")
+    if vjp is not None and not callable(vjp):
+        raise TypeError(f"[yolo_func] capture_vjp: vjp must be callable (e.g. yolo_func.func.autograd_vjp) or None, "
+                        f"got {type(vjp).__name__}")
     device = check_available({"params": params, "state": state, "x": x}, generators)
 
     static_params, static_state, static_x = T.tree_clone(params), T.tree_clone(state), T.tree_clone(x)
@@ -345,7 +353,9 @@ def capture_vjp(
 
     def run_forward():
         with _forward_context(autocast_dtype, forward_context):
-            return torch.func.vjp(lambda p: fn(p, static_state, static_x), static_params, has_aux=True)
+            if vjp is None:
+                return torch.func.vjp(lambda p: fn(p, static_state, static_x), static_params, has_aux=True)
+            return vjp(lambda p: fn(p, static_state, static_x), static_params)
 
     with torch.cuda.device(device):
         # Snapshot everything warm-up may advance: BN statistics and random streams.

@@ -437,6 +437,10 @@ class TrainConfig:
     capture: Literal["auto", "none", "network", "network+heads", "step"] = _opt(
         "auto", "CUDA-graph replay level on CUDA ('auto': 'step' where the heads allow it); 'none': eager. The CPU is always eager")
     autocast: Literal["auto", "bfloat16", "none"] = _opt("auto", "mixed precision ('auto': bfloat16 on CUDA, none on the CPU)")
+    compile: Literal["none", "auto", "default", "max-autotune", "aot_eager"] = _opt(
+        "none", "torch.compile (inductor) of the network and heads, captured by the replay levels: 'default', "
+        "'max-autotune' (longer compiles), 'aot_eager' (no inductor; debugging), 'auto' ('default' on CUDA, 'none' on "
+        "the CPU), 'none'. Seconds spent compiling: events.jsonl 'compile'; cache: TORCHINDUCTOR_CACHE_DIR")
     seed: int = _opt(0, "seed of the init, the loader order and the augmentation", ge=0)
     patience: int = _opt(100, "stop after this many epochs without a better fitness (0: never)", ge=0)
     time_limit_hours: Optional[float] = _opt(None, "stop (and save) after this much wall-clock time; None: no limit", gt=0.0)

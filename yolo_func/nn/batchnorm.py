@@ -110,6 +110,38 @@ def _synced(params: dict, x: torch.Tensor, mean_buf: torch.Tensor, var_buf: torc
     return y.to(x.dtype)
 
 
+def _mode() -> tuple[bool, Callable[[torch.Tensor], torch.Tensor] | None]:
+    """``(in place?, the SyncBN all-reduce or None)`` of the calling context.
+
+    Under ``torch.compile`` (dynamo cannot trace ``ContextVar.get``) the in-place flag is read by
+    :func:`_in_place_at_trace`, which :func:`enable_compile` marks as a trace-time constant: it is
+    baked into the compiled graph without a guard, so a compiled function must always be called
+    under the same :func:`update_stats_in_place` setting (:mod:`yolo_func.train.compiled` enters it
+    around every call). SyncBN is never traced (the compiled step refuses :func:`sync_batchnorm`).
+    """
+    if torch.compiler.is_compiling():
+        return _in_place_at_trace(), None
+    return _IN_PLACE.get(), _SYNC.get()
+
+
+def _in_place_at_trace() -> bool:
+    return _IN_PLACE.get()
+
+
+def enable_compile() -> None:
+    """Let ``torch.compile`` trace training-mode BN in one graph (see :func:`_mode`); imports dynamo.
+
+    Called by :mod:`yolo_func.train.compiled` before it compiles anything; idempotent. Without it
+    dynamo breaks the graph at every BN layer (correct, but many small graphs).
+    """
+    torch.compiler.assume_constant_result(_in_place_at_trace)
+
+
+def sync_active() -> bool:
+    """Whether a :func:`sync_batchnorm` context is active here (compiled functions refuse it)."""
+    return _SYNC.get() is not None
+
+
 def batchnorm_init(channels: int) -> tuple[dict, dict]:
     """``({"weight": ones[C], "bias": zeros[C]}, {"running_mean": zeros[C], "running_var": ones[C]})``.
 
@@ -146,11 +178,11 @@ def batchnorm_apply(
     if not train:
         y = F.batch_norm(x, state["running_mean"], state["running_var"], params["weight"], params["bias"], False, 0.0, eps)
         return y, state
-    if _IN_PLACE.get():
+    in_place, sync = _mode()
+    if in_place:
         mean, var = state["running_mean"], state["running_var"]
     else:
         mean, var = state["running_mean"].clone(), state["running_var"].clone()
-    sync = _SYNC.get()
     if sync is not None:
         return _synced(params, x, mean, var, sync, eps, momentum), {"running_mean": mean, "running_var": var}
     y = F.batch_norm(x, mean, var, params["weight"], params["bias"], True, momentum, eps)

@@ -63,6 +63,7 @@ from yolo_func.optim import ema as make_ema
 from yolo_func.structures.records import Targets
 from yolo_func.train import coco_background
 from yolo_func.train import distributed as D
+from yolo_func.train.compiled import compile_times_event
 from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
 from yolo_func.train.metrics import MetricsReader
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
@@ -71,7 +72,7 @@ from yolo_func.train.run_dir import RunDir
 from yolo_func.train.state import Batch, TrainState
 from yolo_func.train.step import init_train_state
 
-__all__ = ["fit", "FitResult", "StepInfo", "load_datasets", "resolve_device", "resolve_capture", "validate",
+__all__ = ["fit", "FitResult", "StepInfo", "load_datasets", "resolve_device", "resolve_capture", "resolve_compile", "validate",
            "build_model"]
 
 _KINDS = {"detect": ("box",), "segment": ("box", "mask"), "pose": ("box", "pose")}
@@ -167,6 +168,22 @@ def resolve_capture(capture: str, model: Model, device: torch.device) -> str:
     if capture == "auto":
         return "step" if all(h.capturable for h in model.heads.values()) else "network"
     return capture
+
+
+def resolve_compile(compile: str, device: torch.device) -> str:
+    """The ``compile=`` mode a run uses (``train.compile``): ``"auto"`` is ``"default"`` on CUDA
+    and ``"none"`` elsewhere; other values as given (the CPU compiles too when asked: inductor
+    generates C++ there, slow to compile).
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.train.fit import resolve_compile
+      >>> resolve_compile("auto", torch.device("cpu")), resolve_compile("auto", torch.device("cuda"))
+      ('none', 'default')
+    """
+    if compile == "auto":
+        return "default" if device.type == "cuda" else "none"
+    return compile
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -703,6 +720,10 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         level = _capture_for_ranks(level, config.train.capture, model, sync_bn, say)
     dtype = autocast_dtype(config.train.autocast, device)
     val_dtype = eval_autocast_dtype(config.val.precision, device)  # FP16 on CUDA: BF16 blurs high-IoU boxes
+    compile_mode = resolve_compile(config.train.compile, device)
+    if sync_bn and compile_mode != "none":
+        say("train.sync_bn: the network runs uncompiled (SyncBN's all-reduce is not traced by torch.compile)")
+        compile_mode = "none"
     workers = config.data.workers
     loader = TrainLoader(train_data, batch_size=config.data.batch_size, image_size=config.data.image_size,
                          workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,
@@ -728,7 +749,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
     # at "step" the targets' bucket (boxes per image, a power of two) is part of the capture key
     step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype, max_captures=8,
-                              grad_reduce=D.GradReducer() if ctx is not None else None)
+                              grad_reduce=D.GradReducer() if ctx is not None else None, compile=compile_mode)
+    compile_reported = 0.0  # compile seconds already written to events.jsonl
     if sync_bn:
         from yolo_func.nn import sync_batchnorm
 
@@ -759,7 +781,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     steps = int(ts.step) if device.type == "cpu" else int(ts.step.item())  # once, before the loop
     plots = config.train.plots
     say(f"training yolov8{config.model.scale} {task} ({config.model.num_classes} classes) on {device} "
-        f"(capture {level!r}{', ' + str(dtype).removeprefix('torch.') if dtype else ''}), {len(train_data)} train / "
+        f"(capture {level!r}{', ' + str(dtype).removeprefix('torch.') if dtype else ''}"
+        f"{', compile ' + repr(compile_mode) if compile_mode != 'none' else ''}), {len(train_data)} train / "
         f"{len(val_data)} val images, {nb} batches of {config.data.batch_size} per epoch, run folder {rd.path}")
     if ctx is not None:
         say(f"data-parallel: {world} processes ({ctx.backend}), global batch {world * config.data.batch_size} "
@@ -848,6 +871,10 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
                     batch = _to_device(host_batch, device)
                     with bn_context():
                         ts, metrics = step_fn(ts, batch)
+                    if step_fn.compile_seconds > compile_reported:  # a first call per shape compiled
+                        compile_reported = step_fn.compile_seconds
+                        rd.event("compile", step=steps, **compile_times_event(step_fn.compiled))
+                        say(f"compiled the network and heads ({compile_mode}) in {compile_reported:.1f} s")
                     steps += 1
                     count += 1
                     sums.add_(torch.stack([metrics[k].detach() for k in parts_keys]))  # 2 kernels (float64 += float32 exact)

@@ -59,6 +59,7 @@ from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates_
 from yolo_func.structures.checks import check_batch
+from yolo_func.train.compiled import compiled_for
 from yolo_func.train.state import Batch, TrainState
 from yolo_func.train.step import (
     HeadsBackward,
@@ -154,7 +155,8 @@ class HeadCapture(NamedTuple):
 
 
 def capture_head(head, params: dict, state: dict, feats: Feats, *, warmup: int = 3,
-                 autocast_dtype: torch.dtype | None = None) -> HeadCapture:
+                 autocast_dtype: torch.dtype | None = None, apply: Callable | None = None,
+                 vjp: Callable | None = None) -> HeadCapture:
     """Capture a head's training-mode apply and its pullback w.r.t. ``(params, feats)``.
 
     The head's BN statistics are written in place into the static state buffers
@@ -166,6 +168,9 @@ def capture_head(head, params: dict, state: dict, feats: Feats, *, warmup: int =
       params, state: the head's subtrees (on one CUDA device).
       feats: :class:`yolo_func.Feats` ``(p3 float[B, C3, H/8, W/8], p4, p5)``.
       warmup, autocast_dtype: as :func:`yolo_func.capture.capture_vjp`.
+      apply, vjp: a compiled apply ``(params, state, feats) -> (preds, new_state)`` and its vjp
+        (:meth:`yolo_func.train.compiled.CompiledModel.head` and ``.vjp``); None: ``head.apply``
+        through ``torch.func``.
 
     Returns:
       :class:`HeadCapture`.
@@ -175,10 +180,12 @@ def capture_head(head, params: dict, state: dict, feats: Feats, *, warmup: int =
     """
     def fn(primals, s, x):
         del x  # a head reads only its params and the features (both differentiated)
+        if apply is not None:
+            return apply(primals["params"], s, primals["feats"])
         return head.apply(primals["params"], s, primals["feats"], train=True)
 
     cap = capture_vjp(fn, {"params": params, "feats": feats}, state, warmup=warmup,
-                      autocast_dtype=autocast_dtype, forward_context=update_stats_in_place)
+                      autocast_dtype=autocast_dtype, forward_context=update_stats_in_place, vjp=vjp)
 
     def forward(p: dict, s: dict, f: Feats):
         return cap.forward({"params": p, "feats": f}, s, ())
@@ -278,7 +285,7 @@ class _StepLevel(_Level):
 
         def fn(carry, inputs):
             return train_step(carry, inputs, model=o.model, tx=o.tx, ema=o.ema, autocast_dtype=dtype,
-                              skip_nonfinite=o.skip_nonfinite)
+                              skip_nonfinite=o.skip_nonfinite, compiled=o.compiled)
 
         cap = o.cache.get_or_capture(
             _batch_key(batch),
@@ -304,11 +311,14 @@ class _NetworkLevel(_Level):
         to_float = input_dtype(ts.params["network"])
 
         def net_fn(p, s, x):  # uint8 images are divided by 255 inside the captured forward
+            if o.compiled is not None:
+                return o.compiled.network(p, s, x)
             return model.network.apply(p, s, normalize_images(x, to_float), train=True)
 
+        compiled_kw = {} if o.compiled is None else {"vjp": o.compiled.vjp("network")}
         cap = o.cache.get_or_capture(key, lambda: o._quiesced(capture_vjp)(
             net_fn, ts.params["network"], ts.state["network"], images, warmup=o.warmup, autocast_dtype=dtype,
-            pool=o.cache.pool, forward_context=update_stats_in_place), part="network")
+            pool=o.cache.pool, forward_context=update_stats_in_place, **compiled_kw), part="network")
         static = cap.static
         # Adopt the static buffers as the state's network leaves (copies happen only on the first
         # call with a fresh TrainState or after a switch between captures).
@@ -350,7 +360,7 @@ class _NetworkLevel(_Level):
     def heads(self, ts: TrainState, feats: Feats, targets, dtype, key: Hashable) -> _Heads:
         """Every head's forward, loss and pullback, eagerly."""
         hb = heads_backward(self.owner.model, ts.params["heads"], ts.state["heads"], feats, targets,
-                            autocast_dtype=dtype)
+                            autocast_dtype=dtype, compiled=self.owner.compiled)
         return _Heads(ts, hb, ts.state["heads"], [], {})
 
 
@@ -365,9 +375,11 @@ class _NetworkHeadsLevel(_NetworkLevel):
         o = self.owner
         params_h, state_h = dict(ts.params["heads"]), dict(ts.state["heads"])
         captures, preds, backups = {}, {}, {}
+        cm = o.compiled
         for name, head in o.model.heads.items():
+            compiled_kw = {} if cm is None else {"apply": cm.head(name), "vjp": cm.vjp(name)}
             hcap = o.cache.get_or_capture(key, lambda: o._quiesced(capture_head)(
-                head, params_h[name], state_h[name], feats, warmup=o.warmup, autocast_dtype=dtype),
+                head, params_h[name], state_h[name], feats, warmup=o.warmup, autocast_dtype=dtype, **compiled_kw),
                 part=("head", name))
             if not _holds(params_h[name], hcap.params):
                 params_h[name], state_h[name] = _adopt(params_h[name], hcap.params), _adopt(state_h[name], hcap.state)
@@ -414,18 +426,41 @@ class ReplayTrainStep:
         ``(grads, losses, parts) -> (grads, losses, parts)`` run after the (replayed) backward and
         before the update, outside every CUDA graph. Not with ``capture="step"`` (its one graph
         holds the backward and the update together; see docs/distributed.md).
+      compile: run the network and every head through ``torch.compile`` (inductor) at every level
+        (the eager fall-back included) and capture the compiled kernels: ``False`` (default),
+        ``True`` / ``"default"``, ``"max-autotune"``, ``"aot_eager"`` (no inductor; for debugging),
+        or a :class:`yolo_func.train.compiled.CompiledModel` of ``model`` to share compiled
+        functions between steps. Every level is then bitwise equal to the compiled eager step
+        (``capture="none"`` with the same ``compile``), not to the uncompiled one. Compiling
+        happens at the first call per input shape (before capture); :attr:`compile_seconds` says
+        how long it took (:mod:`yolo_func.train.compiled`).
 
     Call: ``step(ts, batch) -> (ts, metrics)``; ``batch.images`` ``uint8[B, 3, H, W]`` (0..255) or
     ``float[B, 3, H, W]`` in [0, 1].
 
     Raises:
-      ValueError: an unknown ``capture`` level, ``max_captures`` not an int >= 1, or
-        ``grad_reduce`` with ``capture="step"``.
+      ValueError: an unknown ``capture`` level, ``max_captures`` not an int >= 1,
+        ``grad_reduce`` with ``capture="step"``, or a bad ``compile`` value.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import yolov8
+      >>> from yolo_func.optim import sgd
+      >>> from yolo_func.train.replay import ReplayTrainStep
+      >>> model = yolov8("n", num_classes=2)
+      >>> step = ReplayTrainStep(model, sgd(0.01), capture="network", compile=True)  # compiles at the first call
+      >>> step.compiled.mode, step.compile_seconds
+      ('default', 0.0)
+      >>> ReplayTrainStep(model, sgd(0.01), compile="fast")
+      Traceback (most recent call last):
+        ...
+      ValueError: [yolo_func] compile must be True, False or one of ['none', 'default', 'max-autotune', 'aot_eager'], got 'fast'
     """
 
     def __init__(self, model: Model, tx, *, ema=None, capture: str = "network", autocast_dtype: Any = "auto",
                  channels_last: bool | None = None, skip_nonfinite: bool = True, max_captures: int = 4,
-                 warmup: int = 3, replay_update: bool = True, grad_reduce: Callable | None = None):
+                 warmup: int = 3, replay_update: bool = True, grad_reduce: Callable | None = None,
+                 compile: Any = False):
         if capture not in _LEVEL_CLASSES:
             raise ValueError(f"[yolo_func] capture must be one of {list(LEVELS)}, got {capture!r}")
         if grad_reduce is not None and capture == "step":
@@ -433,6 +468,8 @@ class ReplayTrainStep:
                              "all-reduce (grad_reduce) has no place between them; use capture='network+heads' or "
                              "'network' for data-parallel training (docs/distributed.md)")
         self.grad_reduce = grad_reduce
+        #: the :class:`yolo_func.train.compiled.CompiledModel` (None: uncompiled)
+        self.compiled = compiled_for(model, compile)
         self.model, self.tx, self.ema, self.capture = model, tx, ema, capture
         self.autocast_dtype, self.channels_last = autocast_dtype, channels_last
         self.skip_nonfinite, self.warmup, self.replay_update = skip_nonfinite, warmup, replay_update
@@ -465,7 +502,7 @@ class ReplayTrainStep:
     def _eager(self, ts: TrainState, batch: Batch):
         return train_step(ts, batch, model=self.model, tx=self.tx, ema=self.ema,
                           autocast_dtype=self._dtype(batch.images), skip_nonfinite=self.skip_nonfinite,
-                          grad_reduce=self.grad_reduce)
+                          grad_reduce=self.grad_reduce, compiled=self.compiled)
 
     def _update_replay(self, key: Hashable, ts: TrainState, inputs: UpdateInputs, *, persistent: list):
         """:func:`finish_step` replayed from a graph of its own (one per network capture, stored
@@ -509,9 +546,15 @@ class ReplayTrainStep:
             T.tree_copy_(entry[1], tree)
         return entry[1]
 
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling so far (0.0 uncompiled; :attr:`CompiledModel.compile_seconds`)."""
+        return 0.0 if self.compiled is None else self.compiled.compile_seconds
+
     # -- the step -------------------------------------------------------------------------------
     def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         return self._level(ts, self._prepare(batch))
 
     def __repr__(self) -> str:
-        return f"ReplayTrainStep(capture={self.capture!r}, cache={self.cache!r})"
+        mode = "none" if self.compiled is None else self.compiled.mode
+        return f"ReplayTrainStep(capture={self.capture!r}, compile={mode!r}, cache={self.cache!r})"

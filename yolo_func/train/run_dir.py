@@ -48,7 +48,7 @@ from yolo_func.train.state import TrainState
 __all__ = ["RunDir", "EVENTS", "COCO_COLUMNS", "results_columns", "fitness", "next_run_path", "latest_run"]
 
 #: The kinds of line ``events.jsonl`` holds.
-EVENTS = ("start", "resume", "epoch", "checkpoint", "coco", "interrupt", "end")
+EVENTS = ("start", "resume", "epoch", "checkpoint", "coco", "compile", "interrupt", "end")
 #: The columns of ``coco.csv``: the epoch (as in ``results.csv``), the iou type (``bbox``, ``segm``,
 #: ``keypoints``) and pycocotools' stats (bbox / segm fill AP..AR100, keypoints AP..APl and AR..ARl).
 COCO_COLUMNS = ("epoch", "kind", "AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100",

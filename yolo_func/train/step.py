@@ -72,20 +72,23 @@ __all__ = [
 
 
 def _stateful_vjp(apply: Callable[..., tuple[Any, Any]], state: Any, primals: tuple, device: torch.device,
-                  autocast_dtype):
-    """``apply(*primals, state) -> (outputs, new_state)`` through :func:`flat_vjp`, first order.
+                  autocast_dtype, vjp: Callable | None = None):
+    """``apply(*primals, state) -> (outputs, new_state)`` through :func:`flat_vjp` (or ``vjp``,
+    e.g. a :class:`yolo_func.train.compiled.CompiledModel`'s), first order.
 
     BN statistics are updated in place on a flat copy of ``state`` (a couple of kernels rather
-    than two clones per BN layer); the caller's ``state`` is never written.
+    than two clones per BN layer); the caller's ``state`` is never written. A compiled ``apply``
+    gets separate clones instead (views of one buffer would reach AOTAutograd as aliased mutated
+    inputs: another graph than the replay's static buffers get).
     """
-    fresh = T.tree_clone_flat(state)
+    fresh = T.tree_clone_flat(state) if vjp is None else T.tree_clone(state)
 
     def fn(*p):
         with update_stats_in_place():
             return apply(*p, fresh)
 
     with autocast(device, autocast_dtype):
-        out, pullback, new_state = flat_vjp(fn, *primals)
+        out, pullback, new_state = (flat_vjp if vjp is None else vjp)(fn, *primals)
     return out, first_order(pullback), new_state
 
 
@@ -161,17 +164,23 @@ def input_dtype(params: Any) -> torch.dtype:
     return torch.float32
 
 
-def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *, autocast_dtype=None):
+def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *, autocast_dtype=None,
+                compiled=None):
     """Network forward with its pullback.
 
     Args:
       params, state: the ``network`` subtrees.
       images: ``uint8[B, 3, H, W]`` (0..255; divided by 255 inside the differentiated function)
         or ``float[B, 3, H, W]`` in [0, 1].
+      compiled: a :class:`yolo_func.train.compiled.CompiledModel` of ``model``: its compiled
+        network, differentiated through autograd; None: the plain network through ``torch.func``.
 
     Returns:
       ``(feats: Feats, pullback: Feats -> (g_params,), new_state)``.
     """
+    if compiled is not None:
+        return _stateful_vjp(lambda p, s: compiled.network(p, s, images), state, (params,), images.device,
+                             autocast_dtype, vjp=compiled.vjp("network"))
     dtype = input_dtype(params)
 
     def features(p, s):
@@ -180,12 +189,21 @@ def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *
     return _stateful_vjp(features, state, (params,), images.device, autocast_dtype)
 
 
-def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=None):
+def head_vjp(head, params: dict, state: dict, feats: Feats, *, autocast_dtype=None, compiled_apply=None,
+             vjp: Callable | None = None):
     """One head's forward with its pullback w.r.t. ``(params, feats)``.
+
+    Args:
+      compiled_apply, vjp: a compiled apply ``(params, state, feats) -> (preds, new_state)`` and
+        the vjp that differentiates it (:meth:`yolo_func.train.compiled.CompiledModel.head` and
+        ``.vjp``); None: ``head.apply`` through ``torch.func``.
 
     Returns:
       ``(preds, pullback: g_preds -> (g_params, g_feats), new_state)``.
     """
+    if compiled_apply is not None:
+        return _stateful_vjp(lambda p, f, s: compiled_apply(p, s, f), state, (params, feats), feats[0].device,
+                             autocast_dtype, vjp=vjp)
     return _stateful_vjp(lambda p, f, s: head.apply(p, s, f, train=True), state, (params, feats),
                          feats[0].device, autocast_dtype)
 
@@ -223,13 +241,14 @@ def _like_layout(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 
 def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, feats: Feats, targets: Any, *,
-                   autocast_dtype=None, assign_kw: Mapping | None = None):
+                   autocast_dtype=None, assign_kw: Mapping | None = None, compiled=None):
     """Every head's forward, the shared assignment, every head's loss gradient and pullback.
 
     Args:
       head_params, head_states: ``params["heads"]``, ``state["heads"]``.
       feats: the network outputs (plain tensors: leaves of the heads' VJPs).
       targets: padded :class:`yolo_func.Targets`.
+      compiled: a :class:`yolo_func.train.compiled.CompiledModel` (each head's compiled apply) or None.
 
     Returns:
       :class:`HeadsBackward` ``(g_feats: Feats (explicit sum over heads), head_grads: {h: g_params_h},
@@ -238,8 +257,9 @@ def heads_backward(model: Model, head_params: Mapping, head_states: Mapping, fea
     """
     preds, pullbacks, new_states = {}, {}, {}
     for name, head in model.heads.items():
+        extra = {} if compiled is None else {"compiled_apply": compiled.head(name), "vjp": compiled.vjp(name)}
         preds[name], pullbacks[name], new_states[name] = head_vjp(
-            head, head_params[name], head_states[name], feats, autocast_dtype=autocast_dtype
+            head, head_params[name], head_states[name], feats, autocast_dtype=autocast_dtype, **extra
         )
     g_feats, head_grads, losses, parts, norms = losses_backward(model, feats, preds, pullbacks, targets,
                                                                assign_kw=assign_kw)
@@ -321,7 +341,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
 
 def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, autocast_dtype: torch.dtype | None = None,
                skip_nonfinite: bool = True, assign_kw: Mapping | None = None,
-               grad_reduce: Callable | None = None) -> tuple[TrainState, dict]:
+               grad_reduce: Callable | None = None, compiled=None) -> tuple[TrainState, dict]:
     """One eager training step (pure: returns a new state, never writes the old one).
 
     Args:
@@ -338,6 +358,8 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
       autocast_dtype: e.g. ``torch.bfloat16``; None runs in the params' dtype.
       skip_nonfinite: apply the non-finite policy of this module's docstring.
       grad_reduce: as :func:`finish_step` (data-parallel: the gradient all-reduce).
+      compiled: a :class:`yolo_func.train.compiled.CompiledModel` of ``model``: the network and
+        heads run compiled (differentiated through autograd); None: plain ``torch.func``.
 
     Returns:
       ``(new TrainState, metrics)``: metrics hold ``loss/<head>/<part>`` (the reference's loss
@@ -361,9 +383,10 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
     check_batch(batch, in_channels=model.in_channels)  # metadata only: no host sync, safe under capture
     images = batch.images
     feats, net_pullback, net_state = network_vjp(model, ts.params["network"], ts.state["network"], images,
-                                                 autocast_dtype=autocast_dtype)
+                                                 autocast_dtype=autocast_dtype, compiled=compiled)
     g_feats, head_grads, head_states, losses, parts, norms = heads_backward(
-        model, ts.params["heads"], ts.state["heads"], feats, batch.targets, autocast_dtype=autocast_dtype, assign_kw=assign_kw
+        model, ts.params["heads"], ts.state["heads"], feats, batch.targets, autocast_dtype=autocast_dtype,
+        assign_kw=assign_kw, compiled=compiled
     )
     (g_network,) = net_pullback(g_feats)
     grads = {"network": g_network, "heads": head_grads}
