@@ -16,7 +16,9 @@ reference reloads it with ``YOLO(path)`` and we load the same file with
 :func:`yolo_func.io.load_reference_model`. Without it: our own initialisation (the same
 distribution, bit for bit under the same seed), saved in the reference layout and loaded the same
 way. ``--weights PATH ...`` uses given reference ``.pt`` files instead (the tasks of both parts
-are then those of the files; ``--cls-bias`` does not apply).
+are then those of the files; ``--cls-bias`` does not apply). A given file must be seen as the same
+task by both sides (the reference takes it from the saved model's ``task`` attribute, which
+``benchmarks/to_reference_pt.py`` writes); a file it reads as another task gives an error row.
 
 ``--cls-bias``: which weights per task. ``stock`` keeps the default initialisation; its class
 scores are ~1e-4, below conf 0.001 everywhere, so validation has **no detection at all** (the rows
@@ -397,11 +399,14 @@ def run_ours(loaded, ds, dev, replay: bool, args, coco: bool = True) -> dict:
     return r
 
 
-def run_ref(pt: Path, yaml: Path, dev, args, project: Path) -> dict:
+def run_ref(pt: Path, yaml: Path, dev, args, project: Path, task: str) -> dict:
     from ultralytics import YOLO
 
     with contextlib.redirect_stdout(io.StringIO()):
         model = YOLO(str(pt))
+    if model.task != task:  # it would run that task's validator (detect on a segment head: a tuple in its NMS)
+        raise ValueError(f"{pt}: the reference reads this file as task {model.task!r}, ours as {task!r} (the saved "
+                         "model lacks its 'task' attribute); rewrite it with benchmarks/to_reference_pt.py")
     kw = dict(data=str(yaml), imgsz=args.imgsz, batch=args.batch, conf=VAL["conf"], iou=VAL["iou"], plots=False,
               device=0 if dev.type == "cuda" else "cpu", workers=args.workers, rect=True, verbose=False,
               save_json=False, project=str(project), name="val", exist_ok=True)
@@ -592,7 +597,7 @@ def main() -> int:
                         print(f"val {task} {key[1]} {impl} run {run + 1}/{args.val_runs} ...", flush=True)
                         try:
                             if impl == "ref":
-                                r = run_ref(weights[key], yaml, dev, args, tmp_dir / "ref_runs")
+                                r = run_ref(weights[key], yaml, dev, args, tmp_dir / "ref_runs", task)
                             else:
                                 r = run_ours(loaded(key), ds, dev, impl.endswith("-replay"), args,
                                              coco=not impl.startswith("ours-internal"))

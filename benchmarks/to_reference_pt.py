@@ -5,8 +5,16 @@
 Our checkpoint (or any file ``yolo-func val --weights`` reads) -> ``yolo_func.io.to_reference``
 (the reference state-dict layout) -> a freshly built reference model of the same scale, task and
 class count (``YOLO("yolov8n.yaml")``-style), ``load_state_dict(strict=True)``, class names set,
-``YOLO.save``. Then checks the file back: our reader loads it and gives the same tensors.
+the task recorded, ``YOLO.save``. Then checks the file back: the reference reloads it as the same
+task (``YOLO(dst).task``) and our reader loads it and gives the same tensors.
 Needs ``ultralytics`` importable (benchmarks only; never a dependency of the package).
+
+The task: ``YOLO(path)`` takes it from the saved model's ``task`` attribute, which ``YOLO(yaml)``
+sets on the model it builds but a bare ``SegmentationModel(yaml, nc=...)`` lacks; without it the
+reference reads the file as ``detect`` (even with ``YOLO(path, task="segment")``) and its ``val``
+runs the detection validator on a segmentation head (``AttributeError: 'tuple' object has no
+attribute 'shape'`` in its NMS). So the rebuilt model gets the ``task`` and ``args`` of the one
+``YOLO(yaml)`` built.
 """
 
 from __future__ import annotations
@@ -39,7 +47,10 @@ def convert(src: str | Path, dst: str | Path) -> Path:
     from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 
     cls = {"detect": DetectionModel, "segment": SegmentationModel}[model.task]
+    built = ref.model  # YOLO(yaml) set its task and args; a bare cls(...) has neither
     ref.model = cls(yaml, nc=model.num_classes, verbose=False)
+    ref.model.task = model.task  # what YOLO(path) reads the task from (else "detect")
+    ref.model.args = {**(getattr(built, "args", None) or {}), "task": model.task}
     missing = ref.model.load_state_dict(sd, strict=False)
     extra = [k for k in missing.missing_keys if not k.endswith("num_batches_tracked")]
     if extra or missing.unexpected_keys:
@@ -47,6 +58,9 @@ def convert(src: str | Path, dst: str | Path) -> Path:
     ref.model.names = {i: n for i, n in enumerate(w.names)}
     dst = Path(dst)
     ref.save(str(dst))
+    seen = YOLO(str(dst)).task
+    if seen != model.task:
+        raise ValueError(f"{dst}: the reference reads this file as task {seen!r}, not {model.task!r}")
     back = load_reference_checkpoint(dst)
     for k, v in sd.items():
         if k in back and not torch.allclose(back[k].float(), v, rtol=1e-3, atol=1e-3):  # the file is fp16
