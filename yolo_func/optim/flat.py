@@ -120,26 +120,33 @@ def leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -> lis
     if not _ENABLED:
         return T.flat_leafwise(fn, *lists)
     first = lists[0]
-    views = [_flat_view(x) for x in first]
+    # Metadata only: which leaves can join a flat group. The per-leaf 1-D views (one aten op each)
+    # are built only for the groups that are not recognised as tiling a buffer already.
+    ok = [_has_flat_view(x) for x in first]
     for other in lists[1:]:
-        for i, (v, x, y) in enumerate(zip(views, first, other)):
-            if v is not None and not (isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.stride() == x.stride()
-                                      and y.shape == x.shape and y.get_device() == x.get_device()):
-                views[i] = None
+        for i, (v, x, y) in enumerate(zip(ok, first, other)):
+            if v and not (isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.stride() == x.stride()
+                          and y.shape == x.shape and y.get_device() == x.get_device()):
+                ok[i] = False
     out: list[Any] = [None] * len(first)
-    for i, v in enumerate(views):
-        if v is None:
+    for i, v in enumerate(ok):
+        if not v:
             out[i] = fn(*(l[i] for l in lists))
-    for idx in _flat_groups(first, views):
+    for idx in _flat_groups(first, [x if v else None for x, v in zip(first, ok)]):
         flats = []
-        for j, l in enumerate(lists):
+        for l in lists:
             sub = [l[i] for i in idx]
             base = flat_base(sub)
             if base is None:
-                base = torch.cat([views[i] for i in idx] if j == 0 else [_flat_view(x) for x in sub])
+                base = torch.cat([_flat_view(x) for x in sub])
             flats.append(base)
         _scatter_views(fn(*flats), idx, first, out)
     return out
+
+
+def _has_flat_view(x: Any) -> bool:
+    """Whether :func:`yolo_func.tree._flat_view` gives ``x`` a flat view (host metadata only)."""
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and _dense_in_memory_order(x)
 
 
 def tree_where(flag: torch.Tensor, new: Any, old: Any) -> Any:
