@@ -4,7 +4,8 @@ Measured 2026-12-04 (benchmarks/results/eager_ops_2026-12-04.md; yolov8n detect,
 yolo_sgd + ema): 1976 ops before flat buffers, 1847 after; the guard + optimizer + EMA phase
 1012 -> 883; then 1646 / 682 (benchmarks/results/eager_ops_2026-12-04b.md: no per-leaf views for
 recognised flat groups, no select of the gradients in the guard, the step's gradient norm reused
-by the guard). The bounds below sit a little above the measurement so that an unrelated change that
+by the guard); then 1398 / 434 (a fresh list is copied into a buffer the select / EMA lerp then
+writes its result into: one set of views per tree instead of two). The bounds below sit a little above the measurement so that an unrelated change that
 adds per-leaf work to the step fails here.
 """
 
@@ -19,8 +20,8 @@ from yolo_func.testing.synthetic import synthetic_batch
 from yolo_func.train import init_train_state, train_step, yolo_sgd
 from yolo_func.train.step import finish_step, heads_backward, network_vjp
 
-STEP_MAX_OPS = 1700      # measured 1646
-UPDATE_MAX_OPS = 720     # guard + optimizer + EMA + metrics, measured 682
+STEP_MAX_OPS = 1450      # measured 1398
+UPDATE_MAX_OPS = 470     # guard + optimizer + EMA + metrics, measured 434
 
 
 def _setup():
