@@ -1,5 +1,6 @@
 """Anchors and inference decoding against hand-computed values (REFERENCE.md §1.5-1.8)."""
 
+import pytest
 import torch
 
 from yolo_func._types import DetectPreds
@@ -58,3 +59,27 @@ def test_decode_keypoints_by_hand():
     assert out[0, :2, 1].tolist() == [(2.0 + 1.0) * 16, (0.0 + 0.0) * 16]
     torch.testing.assert_close(out[0, 2], torch.sigmoid(torch.tensor([0.0, 2.0])))
     assert decode_keypoints(raw[..., :2], anchors, (1, 2)).shape == (1, 2, 2)
+
+
+def _meshgrid_anchors(sizes, strides, dtype, offset=0.5):
+    """Second implementation: a meshgrid of ``arange(W) + offset`` and ``arange(H) + offset`` per level."""
+    points, st = [], []
+    for (h, w), s in zip(sizes, strides):
+        sx = torch.arange(w, dtype=dtype) + offset
+        sy = torch.arange(h, dtype=dtype) + offset
+        gy, gx = torch.meshgrid(sy, sx, indexing="ij")
+        points.append(torch.stack((gx, gy), -1).view(-1, 2))
+        st.append(torch.full((h * w, 1), float(s), dtype=dtype))
+    return torch.cat(points), torch.cat(st)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sizes", [[(1, 1)], [(2, 3), (1, 2)], [(80, 80), (40, 40), (20, 20)], [(3, 400), (300, 2)]])
+def test_make_anchors_equals_a_meshgrid_bitwise(dtype, sizes):
+    """Bitwise the per-level meshgrid values (also where a half type rounds the larger indices)."""
+    strides = tuple(8 * 2 ** k for k in range(len(sizes)))
+    for offset in (0.5, 0.0):
+        a = make_anchors(sizes, strides, dtype=dtype, offset=offset)
+        points, st = _meshgrid_anchors(sizes, strides, dtype, offset)
+        assert a.points.dtype == dtype and a.strides.dtype == dtype
+        assert torch.equal(a.points, points) and torch.equal(a.strides, st)

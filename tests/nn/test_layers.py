@@ -176,3 +176,41 @@ def test_abstract_init_allocates_nothing_with_the_real_shapes(gen):
     real_p, real_s = nn.c2f(8, 16, 2, shortcut=True).init(gen)
     assert all(x.device.type == "meta" for x in T.tree_leaves((p, s)))
     assert T.tree_diff(p, real_p) == "" and T.tree_diff(s, real_s) == ""
+
+
+@given(seed=st.integers(0, 2**16), dtype=st.sampled_from([torch.float32, torch.float64]),
+       channels_last=st.booleans(), b=st.integers(1, 3), hw=st.integers(1, 5))
+def test_train_batchnorm_on_the_cpu_equals_the_public_f_batch_norm_bitwise(seed, dtype, channels_last, b, hw):
+    """The CPU training path calls native_batch_norm directly (no unused reserve tensor): output,
+    running statistics and the vjp w.r.t. (x, weight, bias) equal F.batch_norm's bit for bit, and
+    a single value per channel raises as F.batch_norm does."""
+    import torch.nn.functional as F
+    from torch.func import vjp
+    g = torch.Generator().manual_seed(seed)
+    c = 3
+    x = torch.randn(b, c, hw, hw, generator=g, dtype=dtype) * 3 + 1
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    params = {"weight": torch.rand(c, generator=g, dtype=dtype) + 0.5, "bias": torch.randn(c, generator=g, dtype=dtype)}
+    state = {"running_mean": torch.randn(c, generator=g, dtype=dtype), "running_var": torch.rand(c, generator=g, dtype=dtype) + 0.1}
+    if b * hw * hw == 1:
+        with pytest.raises(ValueError, match="more than 1 value per channel"):
+            nn.batchnorm_apply(params, state, x, train=True)
+        with pytest.raises(ValueError, match="more than 1 value per channel"):
+            F.batch_norm(x, state["running_mean"].clone(), state["running_var"].clone(), params["weight"],
+                         params["bias"], True, 0.03, 1e-3)
+        return
+    ct = torch.randn(x.shape, generator=g, dtype=dtype)
+
+    def ours(p, xx):
+        y, s = nn.batchnorm_apply(p, state, xx, train=True, eps=1e-3, momentum=0.03)
+        return y, s
+
+    def public(p, xx):
+        m, v = state["running_mean"].clone(), state["running_var"].clone()
+        y = F.batch_norm(xx, m, v, p["weight"], p["bias"], True, 0.03, 1e-3)
+        return y, {"running_mean": m, "running_var": v}
+
+    (y1, pull1, s1), (y2, pull2, s2) = (vjp(f, params, x, has_aux=True) for f in (ours, public))
+    assert y1.stride() == y2.stride()
+    assert_trees_all_equal((y1, s1, pull1(ct)), (y2, s2, pull2(ct)), strict=True)

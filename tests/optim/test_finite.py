@@ -171,3 +171,55 @@ def test_equals_the_inner_transform_on_the_applied_calls(name, mask, seed):
         assert_trees_all_equal(s.inner_state, rs, strict=True)
         p = T.tree_map(lambda a, b: a + b, p, u)
     assert int(s.total_notfinite_count) == mask.count(False) and int(s.count) == len(mask)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+@given(mask=st.lists(st.booleans(), min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_a_passed_grad_norm_gives_bitwise_the_same_as_the_guards_own(name, mask, seed):
+    """``grad_norm=global_norm(grads)`` (what the training step passes) changes nothing: updates
+    and every state leaf equal the guard computing the norm itself, on applied and skipped calls."""
+    from yolo_func.optim import global_norm
+    make = {"sgd": lambda: sgd(0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
+            "adamw": lambda: adamw(0.01, weight_decay=0.05)}[name]
+    tx = apply_if_finite(make())
+    p = small_params(seed)
+    s_own = s_passed = tx.init(p)
+    gen = torch.Generator().manual_seed(seed)
+    for keep in mask:
+        g = random_grads(p, gen)
+        if not keep:
+            g["head"]["pred"]["bias"][0] = INF
+        u_own, s_own = tx.update(g, s_own, p)
+        u_passed, s_passed = tx.update(g, s_passed, p, grad_norm=global_norm(g))
+        assert_trees_all_equal((u_passed, s_passed), (u_own, s_own), strict=True)
+        p = T.tree_map(lambda a, b: a + b, p, u_own)
+    assert int(s_passed.total_notfinite_count) == mask.count(False)
+
+
+def test_a_passed_grad_norm_is_the_check():
+    """The guard reads a passed norm instead of recomputing it: a NaN norm skips finite gradients."""
+    tx = apply_if_finite(sgd(0.1, momentum=0.9))
+    p = _w(1.0, 1.0)
+    u, s = tx.update(_w(1.0, 2.0), tx.init(p), p, grad_norm=torch.tensor(NAN))
+    assert torch.equal(u["w"], torch.zeros(2)) and int(s.notfinite_count) == 1 and not bool(s.stepped)
+    u, s = tx.update(_w(1.0, 2.0), s, p, grad_norm=torch.tensor(3.0))
+    assert torch.equal(u["w"], torch.tensor([-0.1, -0.2])) and int(s.notfinite_count) == 0
+
+
+def test_the_training_step_without_the_guard_still_counts_non_finite_gradients():
+    """finish_step(skip_nonfinite=False): a finite loss with a NaN gradient is applied (nothing is
+    skipped) but reported as not finite, as before the norm was shared with the guard."""
+    from yolo_func.train.state import TrainState
+    from yolo_func.train.step import finish_step
+    tx = sgd(0.1)
+    params = {"network": {"w": torch.ones(2)}, "heads": {}}
+    zero = torch.zeros((), dtype=torch.int64)
+    ts = TrainState(params, {"network": {}, "heads": {}}, apply_if_finite(tx, enabled=False).init(params), None,
+                    zero, zero.clone())
+    grads = {"network": {"w": torch.tensor([NAN, 1.0])}, "heads": {}}
+    new_ts, m = finish_step(ts, grads, ts.state, {"detect": torch.tensor(1.0)}, {}, {}, tx=tx, skip_nonfinite=False)
+    assert not bool(m["finite"]) and int(new_ts.skipped) == 1 and int(new_ts.opt_state.notfinite_count) == 1
+    assert math.isnan(float(new_ts.params["network"]["w"][0]))          # applied: the guard is off
+    good = {"network": {"w": torch.tensor([2.0, 1.0])}, "heads": {}}
+    new_ts, m = finish_step(new_ts, good, ts.state, {"detect": torch.tensor(1.0)}, {}, {}, tx=tx, skip_nonfinite=False)
+    assert bool(m["finite"]) and int(new_ts.opt_state.notfinite_count) == 0

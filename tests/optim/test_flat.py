@@ -97,6 +97,47 @@ def test_leafwise_equals_the_per_leaf_op_bitwise(shapes, dtype, layout, seed, w)
         assert torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0))
 
 
+@settings(max_examples=25)
+@given(shapes=shapes, dtype=st.sampled_from([torch.float32, torch.float64, torch.int64]),
+       layout=st.sampled_from(["c", "cl", "t"]), seed=st.integers(0, 2**31 - 1), fresh=st.sampled_from(["a", "b", "ab"]))
+def test_leafwise_written_into_its_own_buffer_equals_the_per_leaf_op_and_leaves_inputs_alone(shapes, dtype, layout,
+                                                                                            seed, fresh):
+    """fn_out (the out= form): results equal the per-leaf op bitwise (NaN in the unchosen side
+    included), are flat-backed, and neither input list is written (the buffer written is one this
+    call allocated), whichever of the lists is recognised."""
+    gen = torch.Generator().manual_seed(seed)
+    mk = (lambda s: _leaf(s, dtype, layout, gen)) if dtype.is_floating_point else (
+        lambda s: torch.randint(-9, 9, s, generator=gen))
+    a, b = [mk(s) for s in shapes], [mk(s) for s in shapes]
+    if dtype.is_floating_point and b[0].numel():
+        b[0] = b[0].clone().fill_(float("nan"))
+    if "a" not in fresh:
+        a = flat.leafwise(lambda x: x.clone(), a)        # recognised (flat-backed) on the way in
+    if "b" not in fresh:
+        b = flat.leafwise(lambda x: x.clone(), b)
+    a0, b0 = [x.clone() for x in a], [x.clone() for x in b]
+    flag = torch.tensor(True)
+    cats = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            cats.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        got = flat.leafwise(lambda x, y: torch.where(flag, x, y), a, b,
+                            fn_out=lambda x, y, out: torch.where(flag, x, y, out=out))
+    for x, y, x0, y0, r in zip(a, b, a0, b0, got):
+        assert torch.equal(x, x0) and torch.equal(y.nan_to_num(7.0), y0.nan_to_num(7.0))   # inputs untouched
+        assert r.shape == x.shape and r.stride() == x.stride() and r.dtype == x.dtype
+        assert torch.equal(r, torch.where(flag, x0, y0))
+    dense = [r for r, x in zip(got, a) if r.dim() and flat._has_flat_view(x)]
+    if dense and dtype.is_floating_point and len({r.dtype for r in dense}) == 1:
+        assert flat.flat_base(dense) is not None
+        # the owned-buffer path: no concatenation of the fresh list, no second set of views
+        assert "aten.cat.default" not in cats or fresh == "ab"
+
+
 def _yolo_like(lr, momentum, wd, every):
     groups = {"decay": sgd(lr, momentum, nesterov=True, weight_decay=wd),
               "no_decay": sgd(lr, momentum, nesterov=True), "bias": sgd(lr, momentum, nesterov=False)}

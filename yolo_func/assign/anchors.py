@@ -42,16 +42,19 @@ def make_anchors(
     """
     if len(sizes) != len(strides):
         raise ValueError(f"[yolo_func] make_anchors: {len(sizes)} sizes but {len(strides)} strides")
-    points, stride_list = [], []
+    # One integer index per anchor and level; column = i % W, row = i // W (row-major), then a single
+    # cast + offset over all levels: 4 ops a level + 5, where a meshgrid per level took 11 (the
+    # training step builds the anchors every step). Same values as ``arange(W, dtype) + offset`` on a
+    # meshgrid: both are ``cast(integer) + offset`` in ``dtype``.
+    cols_rows, stride_list = [], []
     for (h, w), s in zip(sizes, strides):
         if h <= 0 or w <= 0:
             raise ValueError(f"[yolo_func] make_anchors: level size must be positive, got {(h, w)}")
-        sx = torch.arange(w, device=device, dtype=dtype) + offset
-        sy = torch.arange(h, device=device, dtype=dtype) + offset
-        gy, gx = torch.meshgrid(sy, sx, indexing="ij")
-        points.append(torch.stack((gx, gy), -1).view(-1, 2))
+        i = torch.arange(h * w, device=device)
+        cols_rows.append(torch.stack((i % w, torch.div(i, w, rounding_mode="floor")), -1))
         stride_list.append(torch.full((h * w, 1), float(s), device=device, dtype=dtype))
-    return Anchors(torch.cat(points), torch.cat(stride_list))
+    points = torch.cat(cols_rows).to(dtype) + offset
+    return Anchors(points, torch.cat(stride_list))
 
 
 def anchors_for_feats(feats: Sequence[torch.Tensor], strides: Sequence[int]) -> Anchors:

@@ -185,8 +185,22 @@ def batchnorm_apply(
         mean, var = state["running_mean"].clone(), state["running_var"].clone()
     if sync is not None:
         return _synced(params, x, mean, var, sync, eps, momentum), {"running_mean": mean, "running_var": var}
-    y = F.batch_norm(x, mean, var, params["weight"], params["bias"], True, momentum, eps)
+    if x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+        # The kernel F.batch_norm reaches on the CPU (through _batch_norm_impl_index, which also
+        # allocates an unused reserve tensor: one aten op per BN layer per step). Same kernel,
+        # same backward (native_batch_norm_backward), same values. On CUDA F.batch_norm may pick
+        # cuDNN, and under autocast it casts: both keep the public call.
+        _check_batch_size(x)
+        y = torch.ops.aten.native_batch_norm(x, params["weight"], params["bias"], mean, var, True, momentum, eps)[0]
+    else:
+        y = F.batch_norm(x, mean, var, params["weight"], params["bias"], True, momentum, eps)
     return y, {"running_mean": mean, "running_var": var}
+
+
+def _check_batch_size(x: torch.Tensor) -> None:
+    """F.batch_norm's training-mode check: more than one value per channel."""
+    if x.dim() < 2 or x.numel() // max(x.shape[1], 1) <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
 
 
 def batchnorm(channels: int, *, eps: float = BN_EPS, momentum: float = BN_MOMENTUM) -> Layer:

@@ -132,7 +132,8 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
             ef = [e_leaves[i] for i in idx]
             mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
             with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
-                lerped = flat.leafwise(lambda e, m: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device)), ef, mf)
+                lerped = flat.leafwise(lambda e, m: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device)), ef, mf,
+                                       fn_out=lambda e, m, out: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device), out=out))
             for i, x in zip(idx, lerped):
                 out[i] = x
         return EmaState(count=count, ema=T.tree_unflatten(treedef, out))

@@ -1,9 +1,8 @@
 """Skip non-finite updates on the device: :func:`apply_if_finite` (optax's ``apply_if_finite``).
 
 The wrapper owns the non-finite policy of the optimizer: it decides whether a call is applied
-(its own check of the gradients, AND-ed with the caller's veto), zeroes the gradients the inner
-transform sees on a skipped call, selects the inner state (new or old) and the updates (the
-inner's or zeros) with ``torch.where`` on the device, and keeps counters in its state. Static
+(its own check of the gradients, AND-ed with the caller's veto), selects the inner state (new or
+old) and the updates (the inner's or zeros) with ``torch.where`` on the device, and keeps counters in its state. Static
 shapes, no host branch, no ``.item()``: it runs inside a captured training step.
 
 On a skipped call nothing of the inner transform moves: every leaf of its state — momenta, Adam
@@ -66,12 +65,12 @@ class ApplyIfFiniteState(NamedTuple):
 def apply_if_finite(inner: GradientTransformation, *, enabled: bool = True) -> GradientTransformation:
     """Apply ``inner`` only on calls whose gradients are finite and that the caller does not veto.
 
-    ``update(grads, state, params=None, *, finite=None, iteration=None)``: the call is applied
+    ``update(grads, state, params=None, *, finite=None, iteration=None, grad_norm=None)``: the call is applied
     when ``global_norm(grads)`` is finite (every gradient finite, and the sum of their squares
     does not overflow) and ``finite`` (a device ``bool[]``, e.g. the training step's check of the
     summed loss) is true or None. The inner transform always runs (static shapes) on the
-    gradients with a skipped call's replaced by zeros, and receives ``iteration`` (or the state's
-    ``count``). Then, selected by the applied flag with ``torch.where`` (exact, and NaN in the
+    gradients as they are (a skipped call's non-finite values reach only results that are then
+    discarded), and receives ``iteration`` (or the state's ``count``). Then, selected by the applied flag with ``torch.where`` (exact, and NaN in the
     unchosen side never leaks): the updates are the inner's or zeros, the inner state the new one
     or the old one. On an applied call the updates and inner state are bitwise the inner's own.
 
@@ -88,7 +87,9 @@ def apply_if_finite(inner: GradientTransformation, *, enabled: bool = True) -> G
 
     Returns:
       A :class:`GradientTransformation` with :class:`ApplyIfFiniteState`. ``update`` accepts the
-      keywords ``finite`` and ``iteration`` and raises ``TypeError`` on any other.
+      keywords ``finite``, ``iteration`` and ``grad_norm`` (the caller's ``global_norm(grads)``,
+      float[] on the device, when it has computed it already: the check then reuses it instead of
+      a second pass over the gradients) and raises ``TypeError`` on any other.
 
     Raises:
       TypeError: ``inner`` is not a :class:`GradientTransformation`.
@@ -119,8 +120,9 @@ def apply_if_finite(inner: GradientTransformation, *, enabled: bool = True) -> G
                                   inner_state=T.tree_clone_flat(inner.init(params)))
 
     def update(updates: Updates, state: ApplyIfFiniteState, params: Any = None, *, finite: torch.Tensor | None = None,
-               iteration: torch.Tensor | None = None, **unknown) -> tuple[Updates, ApplyIfFiniteState]:
-        _reject_unknown("apply_if_finite", unknown, ("finite", "iteration"))
+               iteration: torch.Tensor | None = None, grad_norm: torch.Tensor | None = None,
+               **unknown) -> tuple[Updates, ApplyIfFiniteState]:
+        _reject_unknown("apply_if_finite", unknown, ("finite", "iteration", "grad_norm"))
         if not isinstance(state, ApplyIfFiniteState):
             raise TypeError(
                 f"[yolo_func] apply_if_finite.update needs the ApplyIfFiniteState made by its init, got "
@@ -136,14 +138,16 @@ def apply_if_finite(inner: GradientTransformation, *, enabled: bool = True) -> G
             )
         it = state.count if iteration is None else iteration
         if enabled:
-            applied = torch.isfinite(global_norm(updates)).to(device)
+            norm = global_norm(updates) if grad_norm is None else grad_norm
+            applied = torch.isfinite(norm).to(device)
             if finite is not None:
                 applied = applied & finite.to(device)
-            grads = flat.tree_where(applied, updates, 0.0)  # a skipped call feeds zeros to the inner
         else:
             applied = torch.ones((), dtype=torch.bool, device=device) if finite is None else finite.to(device)
-            grads = updates
-        new_u, new_inner = inner.update(grads, state.inner_state, params, iteration=it)
+        # The gradients go in as they are: on a skipped call whatever the inner computes from them
+        # (NaN included) is replaced below by the old state and zero updates, so zeroing them first
+        # would change nothing but cost a model-sized select (and a view per leaf).
+        new_u, new_inner = inner.update(updates, state.inner_state, params, iteration=it)
         inner_stepped = getattr(new_inner, "stepped", None)  # a state type's field: a host-side constant
         if enabled:
             new_u = flat.tree_where(applied, new_u, 0.0)

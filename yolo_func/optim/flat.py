@@ -99,7 +99,8 @@ def flat_base(leaves: list[Any]) -> torch.Tensor | None:
     return base
 
 
-def leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -> list[torch.Tensor]:
+def leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor],
+             fn_out: Callable[..., Any] | None = None) -> list[torch.Tensor]:
     """``[fn(*xs) for xs in zip(*lists)]`` for an elementwise ``fn``, one call per flat buffer.
 
     The leaves of ``lists[0]`` are grouped by (dtype, device) as
@@ -110,9 +111,18 @@ def leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -> lis
     view (0-dim, non-dense) or whose partners differ in shape, strides or dtype get ``fn`` one by
     one.
 
+    With ``fn_out`` (``fn``'s ``out=`` form, e.g. ``torch.where(flag, a, b, out=out)``), a
+    floating group with a list to concatenate does it differently: that list is copied (one
+    ``_foreach_copy_``) into views of a buffer allocated here, and ``fn_out`` writes the result into
+    that same buffer, whose views are the results. The same bytes move as with ``torch.cat``, but
+    the leaves are viewed once instead of twice (in and out). ``out`` aliases one of the inputs
+    exactly (same elements, same positions), which elementwise ops allow; the buffer is never
+    visible outside this call before it holds the result.
+
     Args:
       fn: elementwise, returning a tensor shaped like its first argument.
       lists: equally long lists of tensors.
+      fn_out: optional ``(*flats, out) -> None``, the same values as ``fn`` written into ``out``.
 
     Returns:
       list of tensors, one per position.
@@ -120,26 +130,45 @@ def leafwise(fn: Callable[..., torch.Tensor], *lists: list[torch.Tensor]) -> lis
     if not _ENABLED:
         return T.flat_leafwise(fn, *lists)
     first = lists[0]
-    views = [_flat_view(x) for x in first]
+    # Metadata only: which leaves can join a flat group. The per-leaf 1-D views (one aten op each)
+    # are built only for the groups that are not recognised as tiling a buffer already.
+    ok = [_has_flat_view(x) for x in first]
     for other in lists[1:]:
-        for i, (v, x, y) in enumerate(zip(views, first, other)):
-            if v is not None and not (isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.stride() == x.stride()
-                                      and y.shape == x.shape and y.get_device() == x.get_device()):
-                views[i] = None
+        for i, (v, x, y) in enumerate(zip(ok, first, other)):
+            if v and not (isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.stride() == x.stride()
+                          and y.shape == x.shape and y.get_device() == x.get_device()):
+                ok[i] = False
     out: list[Any] = [None] * len(first)
-    for i, v in enumerate(views):
-        if v is None:
+    for i, v in enumerate(ok):
+        if not v:
             out[i] = fn(*(l[i] for l in lists))
-    for idx in _flat_groups(first, views):
-        flats = []
-        for j, l in enumerate(lists):
+    for idx in _flat_groups(first, [x if v else None for x, v in zip(first, ok)]):
+        flats, owned = [], None
+        floating = first[idx[0]].is_floating_point()
+        for l in lists:
             sub = [l[i] for i in idx]
             base = flat_base(sub)
             if base is None:
-                base = torch.cat([views[i] for i in idx] if j == 0 else [_flat_view(x) for x in sub])
+                if fn_out is not None and owned is None and floating:
+                    # Copy this list into our own buffer, viewed like the results will be; the
+                    # result is written there (fn_out), so these views are the results.
+                    base = torch.empty(sum(x.numel() for x in sub), dtype=sub[0].dtype, device=sub[0].device)
+                    _scatter_views(base, idx, first, out)
+                    torch._foreach_copy_([out[i] for i in idx], sub)
+                    owned = base
+                else:
+                    base = torch.cat([_flat_view(x) for x in sub])
             flats.append(base)
-        _scatter_views(fn(*flats), idx, first, out)
+        if owned is not None:
+            fn_out(*flats, out=owned)
+        else:
+            _scatter_views(fn(*flats), idx, first, out)
     return out
+
+
+def _has_flat_view(x: Any) -> bool:
+    """Whether :func:`yolo_func.tree._flat_view` gives ``x`` a flat view (host metadata only)."""
+    return isinstance(x, torch.Tensor) and x.dim() > 0 and _dense_in_memory_order(x)
 
 
 def tree_where(flag: torch.Tensor, new: Any, old: Any) -> Any:
@@ -153,8 +182,12 @@ def tree_where(flag: torch.Tensor, new: Any, old: Any) -> Any:
     """
     n_leaves, treedef = T.tree_flatten(new)
     if isinstance(old, (int, float, bool)):
-        return T.tree_unflatten(treedef, leafwise(lambda n: torch.where(flag, n, old), n_leaves))
+        def where_scalar_out(n, out):  # floating groups only (leafwise): the scalar in n's dtype, as promotion gives
+            torch.where(flag, n, torch.full((), old, dtype=n.dtype, device=n.device), out=out)
+
+        return T.tree_unflatten(treedef, leafwise(lambda n: torch.where(flag, n, old), n_leaves, fn_out=where_scalar_out))
     o_leaves, o_def = T.tree_flatten(old)
     if o_def != treedef:
         raise ValueError("[yolo_func] tree_where: structures differ\n" + T.tree_diff(new, old, names=("new", "old")))
-    return T.tree_unflatten(treedef, leafwise(lambda n, o: torch.where(flag, n, o), n_leaves, o_leaves))
+    return T.tree_unflatten(treedef, leafwise(lambda n, o: torch.where(flag, n, o), n_leaves, o_leaves,
+                                              fn_out=lambda n, o, out: torch.where(flag, n, o, out=out)))

@@ -320,7 +320,10 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     total = torch.stack([v.float() for v in losses.values()]).sum()
     gnorm = global_norm(grads)
     guard = apply_if_finite(tx, enabled=skip_nonfinite)
-    updates, opt_state = guard.update(grads, ts.opt_state, ts.params, finite=torch.isfinite(total) & torch.isfinite(gnorm))
+    # The guard's own check is isfinite(gnorm): it reuses this norm (no second pass over the
+    # gradients). Without the guard the veto must carry the gradient check itself.
+    veto = torch.isfinite(total) if skip_nonfinite else torch.isfinite(total) & torch.isfinite(gnorm)
+    updates, opt_state = guard.update(grads, ts.opt_state, ts.params, finite=veto, grad_norm=gnorm)
     finite = opt_state.notfinite_count == 0  # the wrapper's verdict (the veto AND its own gradient check)
     if skip_nonfinite:
         old = ts.state if old_model_state is None else old_model_state
