@@ -44,7 +44,7 @@ def test_gap_check_can_fail():
     mod = types.ModuleType("fake")
 
     def bare(x):
-        pass
+        return x
 
     def no_shapes(x: "torch.Tensor"):
         """Doubles x.

@@ -164,15 +164,16 @@ def _layout(inference: Inference, num_classes: int | None, kpt_shape: tuple[int,
     return K, kpts
 
 
-def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_cand: int | None, max_candidates: int,
-          with_total: bool = False):
-    """Ranked candidate rows: ``(boxes xyxy [B,N,4], scores [B,N], classes [B,N], extra [B,N,E], valid [B,N])``.
+def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_cand: int | None, max_candidates: int):
+    """Ranked candidate rows: ``(boxes xyxy [B,N,4], scores [B,N], classes [B,N], extra [B,N,E], valid [B,N],
+    total)``.
 
-    ``n_cand`` None means eager: N = the largest per-image candidate count, capped (one host read);
-    an int: the ``n_cand`` highest-ranked rows (static shapes). ``with_total`` (static only) appends
-    int64[B], each image's number of valid rows after the ``max_candidates`` cap (what the eager
+    ``n_cand`` None means eager: N = the largest per-image candidate count, capped (one host read),
+    and ``total`` is None; an int: the ``n_cand`` highest-ranked rows (static shapes), and ``total``
+    is int64[B], each image's number of valid rows after the ``max_candidates`` cap (what the eager
     form ranks).
     """
+    static = n_cand is not None
     dtype = torch.promote_types(inference.y.dtype, torch.float32)
     y = inference.y.to(dtype).transpose(1, 2)  # [B, A, C]
     B, A, _ = y.shape
@@ -191,7 +192,8 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
         per_image = row_valid.sum(1)
         n_valid = int(per_image.max())
         if n_valid <= max_candidates:  # eager, no cap reached: every valid row, no top-k over all rows
-            return _valid_rows(row_scores, row_valid, per_image, max(1, n_valid), boxes, extra, row_anchor, row_class)
+            return (*_valid_rows(row_scores, row_valid, per_image, max(1, n_valid), boxes, extra, row_anchor, row_class),
+                    None)
         n_cand = max_candidates
     n_cand = max(1, min(n_cand, rows))
     # valid scores are > conf >= 0, so 0 ranks every invalid row after every valid one
@@ -203,10 +205,8 @@ def _rows(inference: Inference, K: int, *, conf: float, multi_label: bool, n_can
     out_classes = row_class.gather(1, idx)
     out_boxes = boxes.gather(1, anchor[..., None].expand(-1, -1, 4))
     out_extra = extra.gather(1, anchor[..., None].expand(-1, -1, extra.shape[-1]))
-    if with_total:
-        total = row_valid.sum(1).clamp(max=max_candidates)
-        return out_boxes, out_scores, out_classes, out_extra, out_valid, total
-    return out_boxes, out_scores, out_classes, out_extra, out_valid
+    total = row_valid.sum(1).clamp(max=max_candidates) if static else None
+    return out_boxes, out_scores, out_classes, out_extra, out_valid, total
 
 
 def _valid_rows(row_scores, row_valid, per_image, n, boxes, extra, row_anchor, row_class):
@@ -290,15 +290,9 @@ def _top_rows(key: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _nms(inference, K, *, conf, iou, max_det, multi_label, agnostic, n_cand, max_candidates, block, iters):
-    total = None
-    if n_cand is None:
-        boxes, scores, classes, extra, valid = _rows(
-            inference, K, conf=conf, multi_label=multi_label, n_cand=None, max_candidates=max_candidates
-        )
-    else:
-        boxes, scores, classes, extra, valid, total = _rows(
-            inference, K, conf=conf, multi_label=multi_label, n_cand=n_cand, max_candidates=max_candidates, with_total=True
-        )
+    boxes, scores, classes, extra, valid, total = _rows(
+        inference, K, conf=conf, multi_label=multi_label, n_cand=n_cand, max_candidates=max_candidates
+    )
     offset = torch.zeros_like(scores) if agnostic else classes.to(boxes.dtype) * CLASS_OFFSET
     res = nms_sorted(boxes + offset[..., None], valid, iou=iou, max_det=max_det, block=block, iters=iters, total=total)
     zero = torch.zeros((), dtype=boxes.dtype, device=boxes.device)

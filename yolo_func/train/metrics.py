@@ -26,10 +26,14 @@ def fetch_metrics(metrics: Mapping[str, torch.Tensor], *, warn: bool = True) -> 
     Returns:
       ``{name: float}``.
     """
+    names, values = _stacked(metrics)  # one stack on the device, one copy to the host
+    return _checked(dict(zip(names, values.cpu().tolist())), warn)
+
+
+def _stacked(metrics: Mapping[str, torch.Tensor]) -> tuple[list[str], torch.Tensor]:
+    """The names and the float64[len(metrics)] stack of scalar tensors ``metrics`` (one device)."""
     names = list(metrics)
-    # One stack on the device, one copy to the host.
-    values = torch.stack([metrics[k].detach().double().reshape(()) for k in names]).cpu().tolist()
-    return _checked(dict(zip(names, values)), warn)
+    return names, torch.stack([metrics[k].detach().double().reshape(()) for k in names])
 
 
 def _checked(out: dict[str, float], warn: bool) -> dict[str, float]:
@@ -79,8 +83,7 @@ class MetricsReader:
 
     def post(self, metrics: Mapping[str, torch.Tensor]) -> None:
         """Queue the host copy of ``metrics`` (scalar tensors, one device); replaces a copy not yet read."""
-        names = list(metrics)
-        values = torch.stack([metrics[k].detach().double().reshape(()) for k in names])
+        names, values = _stacked(metrics)
         if values.is_cuda:
             host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
             host.copy_(values, non_blocking=True)
