@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--capture", default="auto")
     ap.add_argument("--override", action="append", default=[], help="extra key=value config overrides")
+    ap.add_argument("--cprofile", action="store_true", help="also write the fit's cProfile (top 60 by cumulative time)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -83,8 +84,45 @@ def main() -> None:
 
         setattr(module, name, wrapper)
 
-    for name in ("capture_step", "capture_vjp", "capture_head"):
-        timed(R, name, "capture")
+    def timed_fn(fn, name: str):
+        # a captured function's eager runs (the warm-ups) timed one by one; never synced while capturing
+        def wrapper(*a, **k):
+            capturing = cuda and torch.cuda.is_current_stream_capturing()
+            if not capturing:
+                sync()
+            t = now()
+            out = fn(*a, **k)
+            if not capturing:
+                sync()
+            events.append({"kind": "capture_fn", "name": name, "start": round(t, 4), "seconds": round(now() - t, 4),
+                           "capturing": capturing, "M": state["M"]})
+            return out
+
+        return wrapper
+
+    def timed_capture(name: str):
+        fn = getattr(R, name)
+
+        def wrapper(f, *a, **k):
+            sync()
+            t = now()
+            out = fn(timed_fn(f, name), *a, **k)
+            sync()
+            events.append({"kind": "capture", "name": name, "start": round(t, 4), "seconds": round(now() - t, 4),
+                           "M": state["M"], "epoch": state["epoch"]})
+            return out
+
+        setattr(R, name, wrapper)
+
+    for name in ("capture_step", "capture_vjp"):
+        timed_capture(name)
+    timed(R, "capture_head", "capture")
+    # inside each validation: the network, the two postprocess calls, the host copies, COCO records
+    for name in ("postprocess", "_dets_to_host", "_gt_masks", "_dataset_masks", "scale_to_original"):
+        timed(F, name, "val_part")
+    timed(F.CocoEvaluator, "process", "val_part")
+    timed(F.MetricAccumulator, "process", "val_part")
+    timed(F.MetricAccumulator, "compute", "val_part")
     for name in ("load_datasets", "build_model", "init_train_state", "validate", "_coco_setup", "_final_plots"):
         timed(F, name, "phase")
     for name in ("TrainLoader", "ValLoader", "ReplayTrainStep"):
@@ -124,7 +162,20 @@ def main() -> None:
 
     sync()
     t_fit0[0] = time.perf_counter()
-    result = F.fit(config, on_step=on_step, progress=False)
+    if args.cprofile:
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        result = prof.runcall(F.fit, config, on_step=on_step, progress=False)
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"startup_{args.task}_b{args.batch}_cprofile.txt").write_text(buf.getvalue())
+    else:
+        result = F.fit(config, on_step=on_step, progress=False)
     sync()
     fit_s = time.perf_counter() - t_fit0[0]
 
@@ -146,6 +197,14 @@ def main() -> None:
                          "slow_steps": [(s["batch"], s["M"], s["since_prev"]) for s in st[1:] if s["since_prev"] > 5 * med + 0.02][:40],
                          "excess_s": round(sum(max(0.0, s["since_prev"] - med) for s in st[1:]), 3)}
     summary["per_epoch"] = per_epoch
+    parts: dict = {}
+    for e in events:
+        if e["kind"] == "val_part":
+            p = parts.setdefault(e["name"], [0, 0.0])
+            p[0] += 1
+            p[1] = round(p[1] + e["seconds"], 4)
+    summary["val_parts_calls_seconds"] = parts
+    summary["capture_fn_runs"] = [(e["name"], e["M"], e["capturing"], e["seconds"]) for e in events if e["kind"] == "capture_fn"][:24]
     summary["stopped"] = result.stopped
     text = json.dumps({"args": vars(args), "summary": summary, "events": events}, indent=1)
     if args.out:
