@@ -204,13 +204,30 @@ def test_pinned_batches_reach_the_device_unchanged():
     pinned = _epoch(TrainLoader(ds, batch_size=4, image_size=64, workers=2, seed=0, pin_memory=True))
     plain = _epoch(TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=0, pin_memory=False))
     for a, b in zip(pinned, plain):
-        assert a.images.is_pinned() and a.targets.boxes.is_pinned() and a.targets.masks.is_pinned()
+        assert all(v.is_pinned() for v in (a.images, *a.targets) if v is not None)  # small targets too (wire form)
         assert a.images.is_contiguous(memory_format=torch.channels_last)  # pinning keeps the NHWC layout
         dev = a.images.to("cuda", non_blocking=True)
         torch.cuda.synchronize()
         assert dev.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(dev.cpu(), b.images)
     assert_trees_all_equal(pinned, plain)
+
+
+def test_worker_batches_send_small_targets_inline_and_arrive_unchanged():
+    # a worker's batch crosses the pipe with its small target arrays pickled inline (no shared-memory
+    # segment and file descriptor each); what the main process gets back is the same Batch
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from yolo_func.data.loader import _WireBatch
+
+    ds = ellipse_dataset(8, "pose")
+    batch = next(iter(TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=0)))
+    wire = _WireBatch(batch)
+    assert all(isinstance(v, np.ndarray) for v in (wire.boxes, wire.classes, wire.valid, wire.keypoints))
+    data = bytes(ForkingPickler.dumps(wire))
+    assert wire.boxes.tobytes() in data and wire.keypoints.tobytes() in data  # inline, by value
+    assert_trees_all_equal(pickle.loads(data).unwire(), batch)
 
 
 def test_an_epoch_left_half_way_restarts_and_workers_run_across_epochs():

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo_func.data.augment import (
     PAD_VALUE,
@@ -174,10 +174,58 @@ class _TrainBatches:
             rec = augment(rng, recs, s, self.cfg, use_mosaic=use_mosaic, out=slots[pos])
             items.append(format_record(rec, mask_ratio=self.mask_ratio))
         new = {i: m for i, m in self.source.errors.items() if i not in before}
-        return collate(items, max_boxes=self.max_boxes, images=images), new
+        batch = collate(items, max_boxes=self.max_boxes, images=images)
+        return (_WireBatch(batch) if get_worker_info() is not None else batch), new
 
     def __len__(self) -> int:
         return len(self.source.dataset) // (self.batch_size * self.world_size)
+
+
+class _WireBatch:
+    """A :class:`Batch` on its way from a loader worker to the main process.
+
+    The images (and a segment batch's overlap masks) are shared-memory tensors already (collate's
+    :func:`~yolo_func.data.collate.batch_images`): one file descriptor each. The small target
+    arrays (boxes, classes, valid, keypoints: a few KiB) travel inline as numpy arrays instead:
+    as tensors each would get a shared-memory segment of its own in the worker and a file
+    descriptor round trip through the worker's resource sharer in the main process, ~5 per batch
+    that the main process (its pin-memory thread, holding the GIL the training loop needs) paid
+    for every batch.
+
+    The DataLoader's pin-memory thread calls :meth:`pin_memory` (a pinned :class:`Batch`); without
+    pinning, :meth:`unwire` gives the :class:`Batch` (zero-copy tensors over the arrays).
+    """
+
+    __slots__ = ("images", "masks", "boxes", "classes", "valid", "keypoints")
+
+    def __init__(self, batch: Batch):
+        t = batch.targets
+        self.images, self.masks = batch.images, t.masks
+        self.boxes, self.classes, self.valid = t.boxes.numpy(), t.classes.numpy(), t.valid.numpy()
+        self.keypoints = None if t.keypoints is None else t.keypoints.numpy()
+
+    def __getstate__(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __setstate__(self, state) -> None:
+        for k, v in zip(self.__slots__, state):
+            setattr(self, k, v)
+
+    def unwire(self) -> Batch:
+        """The batch: uint8 images as sent, targets as tensors over the received arrays (no copy)."""
+        kp = None if self.keypoints is None else torch.from_numpy(self.keypoints)
+        return Batch(self.images, Targets(torch.from_numpy(self.boxes), torch.from_numpy(self.classes),
+                                          torch.from_numpy(self.valid), self.masks, kp))
+
+    def pin_memory(self, device: Any = None) -> Batch:
+        """The batch in page-locked memory (called by the DataLoader's pin-memory thread), so that
+        ``.to("cuda", non_blocking=True)`` is an asynchronous copy for every field."""
+        b = self.unwire()
+        return Batch(b.images.pin_memory(), Targets(*(None if v is None else v.pin_memory() for v in b.targets)))
+
+
+def _unwire(batch: Any) -> Batch:
+    return batch.unwire() if isinstance(batch, _WireBatch) else batch
 
 
 class _Epoch:
@@ -379,7 +427,7 @@ class TrainLoader:
             batch, new = next(self._it)
             self._pos += 1
             _report(self.skipped, new)
-            yield batch
+            yield _unwire(batch)
         self._pos = 0
         self._it_epoch += 1
         self._epoch.value += 1
