@@ -75,6 +75,27 @@ TARGETS = {"replay_reduction_b4": 0.5, "ref_over_ours_b4": 3.0, "ref_over_ours_b
 # ------------------------------------------------------------------------------------------ children
 
 
+def warm_imports(env_ref: dict | None, ref_python: str) -> dict:
+    """One untimed interpreter per trainer that imports its modules (and ``torch._dynamo``, which
+    ``torch.func``'s backward imports), so that no timed fit pays for compiling Python bytecode
+    that an installed package has cached after its first use. A freshly provisioned host (wheels
+    installed with ``--no-compile``, a torch whose dynamo modules were never imported) would
+    otherwise charge several seconds of it to whichever fit runs first. Returns the seconds each took."""
+    out = {}
+    ours = "import torch, torch._dynamo, torch.func, yolo_func.train.fit, yolo_func.eval, pycocotools.cocoeval"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", ours], check=False, env=env, cwd=str(REPO))
+    out["ours"] = round(time.perf_counter() - t0, 2)
+    if env_ref is not None:
+        ref = ("import torch, torch._dynamo, ultralytics; from ultralytics import YOLO; "
+               "import ultralytics.models.yolo.detect, ultralytics.models.yolo.segment, ultralytics.models.yolo.pose")
+        t0 = time.perf_counter()
+        subprocess.run([ref_python, "-c", ref], check=False, env=env_ref, cwd=str(REPO))
+        out["ref"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
 def child_ours(spec: dict) -> None:
     import torch
 
@@ -227,6 +248,8 @@ def write_outputs(out: Path, stamp: str, meta: dict, rows: list[dict], summary: 
          f"{meta.get('train_images')} train + {meta.get('val_images')} val images ({meta.get('data_source')}), "
          f"{meta['workers']} workers, no RAM cache, plots off, validation every epoch; ours "
          f"{'BF16' if meta['device'] != 'cpu' else 'float32'}, the reference AMP.", "",
+         f"Before the timed fits, one untimed interpreter per trainer imported its modules (Python bytecode "
+         f"cached, as on any machine after a first run): {meta.get('warm_imports_s', 'skipped (--no-warm-imports)')} s.", "",
          "## Runs", "",
          "| # | batch | variant | status | complete fit s | whole process s | start-up s | train windows s | between epochs s | tail s | GPU idle | peak GiB | model hash |",
          "|--:|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
@@ -299,6 +322,8 @@ def main() -> None:
     ap.add_argument("--our-format", default="coco", choices=["coco", "yolo"], help="the data our trainer reads")
     ap.add_argument("--run-timeout", type=float, default=400, help="seconds before one fit is killed")
     ap.add_argument("--budget", type=float, default=None, help="seconds after which no new fit starts")
+    ap.add_argument("--no-warm-imports", action="store_true",
+                    help="skip the untimed import of each trainer's modules before the timed fits (see warm_imports)")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args()
     if args.child:
@@ -322,6 +347,8 @@ def main() -> None:
     env_ref = None if args.no_ref or args.ref_runs == 0 else oracle_env(tmp)
     script = str(Path(__file__).resolve())
     cuda = args.device != "cpu"
+    if not args.no_warm_imports:
+        meta["warm_imports_s"] = warm_imports(env_ref, args.ref_python)
 
     def record(row: dict) -> None:
         rows.append(row)
