@@ -79,17 +79,21 @@ def test_step_level_reuses_a_larger_bucket_and_equals_eager(task):
     model, tx, ts = _setup(task, dev)
     batches = [synthetic_batch(task, 2, 128, num_classes=5, max_boxes=M, seed=i, device=dev)
                for i, M in enumerate((32, 8, 16, 32, 8))]
+    eager = ReplayTrainStep(model, tx, capture="none")  # the same layout and autocast as the replay
     ref = ts
     expected = []
     for b in batches:  # eager, each batch at its own bucket
-        ref, m = train_step(ref, b, model=model, tx=tx)
+        ref, m = eager(ref, b)
         expected.append((ref, m))
     _, _, ts = _setup(task, dev)
     step = ReplayTrainStep(model, tx, capture="step", max_captures=8, warmup=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CaptureFallbackWarning)
-        for b, (want_ts, want_m) in zip(batches, expected):
+        for i, (b, (want_ts, want_m)) in enumerate(zip(batches, expected)):
             ts, m = step(ts, b)
-            assert_trees_all_equal(ts, want_ts, strict=True)
-            assert_trees_all_equal({k: v.clone() for k, v in m.items()}, want_m, strict=True)
+            try:
+                assert_trees_all_equal(ts, want_ts, strict=True)
+                assert_trees_all_equal({k: v.clone() for k, v in m.items()}, want_m, strict=True)
+            except AssertionError as e:
+                raise AssertionError(f"step {i} (M={b.targets.boxes.shape[1]}): {e}") from None
     assert len(step.cache) == 1  # every later batch replayed the M=32 graph

@@ -283,8 +283,8 @@ def test_metrics_reader_does_not_wait_for_the_device():
     reader = MetricsReader()
     reader.post({"loss": torch.tensor(1.0, device=dev)})
     assert reader.poll(wait=True) == {"loss": 1.0}
+    x = torch.tensor(2.0, device=dev)  # before the sleep: a tensor built from a Python number waits for the stream
     torch.cuda._sleep(200_000_000)  # the device is busy for a while
-    x = torch.tensor(2.0, device=dev)
     reader.post({"loss": x})
     assert reader.poll() == {"loss": 1.0}  # not landed yet: the previous values, no wait
     assert reader.poll(wait=True) == {"loss": 2.0}
