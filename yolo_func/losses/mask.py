@@ -212,4 +212,8 @@ def mask_loss(
     area = (norm[..., 2] - norm[..., 0]) * (norm[..., 3] - norm[..., 1])
     area = torch.where(ok, area, torch.ones_like(area))  # background slots: a safe denominator
     per_slot = torch.where(ok, per_slot / area, torch.zeros_like(per_slot))
-    return per_slot.sum(), fg_mask.sum().to(per_slot.dtype)
+    # Summed over the anchors, not the slots: each positive's value placed at its anchor (the slots'
+    # anchors are distinct; a background slot adds an exact 0) in a [B, A] tensor whose shape does not
+    # depend on S = M * topk, so the loss is bitwise the same whatever the targets' padding M.
+    per_anchor = torch.zeros((B, A), dtype=per_slot.dtype, device=per_slot.device).scatter(1, idx, per_slot)
+    return per_anchor.sum(), fg_mask.sum().to(per_slot.dtype)
