@@ -22,7 +22,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -30,7 +32,8 @@ from torch.func import vjp
 
 from yolo_func import tree as T
 
-__all__ = ["autocast", "autocast_dtype", "autograd_vjp", "eval_autocast_dtype", "first_order", "flat_vjp"]
+__all__ = ["autocast", "autocast_dtype", "autograd_vjp", "dynamo_imported", "eval_autocast_dtype", "first_order", "flat_vjp",
+           "vjp_through_autograd"]
 
 
 _AUTOCAST_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -137,6 +140,43 @@ def first_order(pullback: Callable) -> Callable:
     return run
 
 
+_VJP = threading.local()
+
+
+@contextlib.contextmanager
+def vjp_through_autograd() -> Iterator[None]:
+    """Within the block (this thread only), :func:`flat_vjp` runs through :func:`autograd_vjp`.
+
+    For warm-up runs whose results are discarded: before a capture, one eager run sets up the
+    CUDA state the step needs (kernel modules, cuDNN plans, cuBLAS handles) — the same kernels
+    through autograd as through ``torch.func`` — without functorch's pullback, whose first call
+    imports ``torch._dynamo`` (~5 s of interpreter time on the H200 host). A fit imports it on a
+    thread meanwhile, and the warm-up's GPU set-up (which releases the GIL) overlaps with it
+    instead of waiting for it (:class:`yolo_func.train.replay.ReplayTrainStep`). The values equal
+    ``torch.func``'s up to the backward's summation order; never use it for a step that counts.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.func import flat_vjp, vjp_through_autograd
+      >>> with vjp_through_autograd():
+      ...     out, pullback, aux = flat_vjp(lambda p: ((p["w"] * 3).sum(), {}), {"w": torch.ones(2)})
+      >>> pullback(torch.tensor(1.0))[0]["w"]
+      tensor([3., 3.])
+    """
+    before = getattr(_VJP, "autograd", False)
+    _VJP.autograd = True
+    try:
+        yield
+    finally:
+        _VJP.autograd = before
+
+
+def dynamo_imported() -> bool:
+    """Whether ``torch._dynamo`` is fully imported (an import under way on another thread: False)."""
+    m = sys.modules.get("torch._dynamo")
+    return m is not None and not getattr(getattr(m, "__spec__", None), "_initializing", False)
+
+
 def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
     """``torch.func.vjp(fn, *primals, has_aux=True)`` with every tree crossing the transform as a
     flat tuple of leaves.
@@ -163,6 +203,8 @@ def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
       >>> out, aux, pullback(torch.tensor(1.0))[0]["w"]
       (tensor(6.), {'n': tensor(2.)}, tensor([3., 3.]))
     """
+    if getattr(_VJP, "autograd", False):  # vjp_through_autograd(): a warm-up run (see there)
+        return autograd_vjp(fn, *primals)
     flat, defs = [], []
     for p in primals:
         leaves, treedef = T.tree_flatten(p)

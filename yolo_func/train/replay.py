@@ -54,7 +54,7 @@ import torch
 from yolo_func import tree as T
 from yolo_func._types import Feats
 from yolo_func.capture import CaptureCache, Captured, CaptureUnavailable, capture_step, capture_vjp
-from yolo_func.func import autocast_dtype
+from yolo_func.func import autocast_dtype, dynamo_imported, vjp_through_autograd
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates_
@@ -507,6 +507,7 @@ class ReplayTrainStep:
         self.autocast_dtype, self.channels_last = autocast_dtype, channels_last
         self.skip_nonfinite, self.warmup, self.replay_update = skip_nonfinite, warmup, replay_update
         self.reuse_buckets = bool(reuse_buckets)
+        self._prewarmed = False
         self.cache = CaptureCache(max_captures)
         self._level = _LEVEL_CLASSES[capture](self)
         self._warned: set[str] = set()
@@ -585,9 +586,26 @@ class ReplayTrainStep:
         """Seconds spent compiling so far (0.0 uncompiled; :attr:`CompiledModel.compile_seconds`)."""
         return 0.0 if self.compiled is None else self.compiled.compile_seconds
 
+    def _prewarm(self, ts: TrainState, batch: Batch) -> None:
+        """Before the first capture, while ``torch._dynamo`` is still being imported (a fit imports
+        it on a thread; functorch's pullback needs it): one eager step through autograd
+        (:func:`yolo_func.func.vjp_through_autograd`), its results discarded, so that the lazy CUDA
+        set-up of the step's kernels overlaps with that import instead of following it. Once."""
+        self._prewarmed = True
+        # not with a gradient all-reduce (ranks would disagree on running it) nor compiled (dynamo
+        # is imported by the compile anyway)
+        if (self.capture == "none" or not batch.images.is_cuda or self.grad_reduce is not None
+                or self.compiled is not None or dynamo_imported()):
+            return
+        with vjp_through_autograd():
+            self._eager(ts, batch)
+
     # -- the step -------------------------------------------------------------------------------
     def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        return self._level(ts, self._prepare(batch))
+        batch = self._prepare(batch)
+        if not self._prewarmed:
+            self._prewarm(ts, batch)
+        return self._level(ts, batch)
 
     def __repr__(self) -> str:
         mode = "none" if self.compiled is None else self.compiled.mode
