@@ -334,6 +334,8 @@ class DataConfig:
     batch_size: int = _opt(16, "images per training step (accumulated to optim.nbs)", ge=1)
     workers: int = _opt(8, "loader worker processes (0: load in the main process)", ge=0)
     cache: Literal["none", "ram"] = _opt("none", "keep decoded, resized images in RAM ('ram') or read them every epoch ('none')")
+    prefetch: int = _opt(4, "batches each worker loads ahead (shared memory: workers x prefetch batches); a deep queue "
+                            "fills while the fit captures, validates and checkpoints", ge=1)
     max_boxes: Optional[int] = _opt(
         None, "pad targets to this many boxes per image; None: each batch's largest count rounded up to a power of two", ge=1)
     augment: AugmentConfig = _section(AugmentConfig, "training augmentation")
