@@ -221,7 +221,7 @@ def test_worker_batches_send_small_targets_inline_and_arrive_unchanged():
 
     from yolo_func.data.loader import _WireBatch
 
-    ds = ellipse_dataset(8, "pose")
+    ds = ellipse_dataset(8, "pose", keypoints=5)
     batch = next(iter(TrainLoader(ds, batch_size=4, image_size=64, workers=0, seed=0)))
     wire = _WireBatch(batch)
     assert all(isinstance(v, np.ndarray) for v in (wire.boxes, wire.classes, wire.valid, wire.keypoints))
@@ -273,6 +273,42 @@ def test_val_loader_leaves_bad_images_out():
     assert sorted(ids) == [0, 2, 3, 5]  # each good image once, no replacement
     assert sorted(loader.skipped) == [1, 4]
     assert sum("synthetic_0001.png" in str(x.message) for x in w) == 1
+
+
+def _assert_val_batches_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.file_names == y.file_names
+        assert_trees_all_equal(x._replace(file_names=None), y._replace(file_names=None))
+
+
+@pytest.mark.parametrize("task", ["segment", "pose"])
+def test_val_loader_backends_give_the_same_batches_and_skips(task):
+    # threads (the default), worker processes and the main process: the same ValBatches, the same
+    # bad images left out and counted; shapes from reading (no dataset.image_shapes here)
+    ds = ellipse_dataset(11, task, keypoints=5 if task == "pose" else 0, bad=(3, 7))
+    got = {}
+    for name, kw in {"main": dict(workers=0), "threads": dict(workers=3), "threads1": dict(workers=1),
+                     "processes": dict(workers=2, backend="processes")}.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loader = ValLoader(ds, batch_size=3, image_size=64, pin_memory=False, **kw)
+            got[name] = (list(loader), sorted(loader.skipped))
+    assert got["main"][1] == [3, 7]
+    for name in ("threads", "threads1", "processes"):
+        assert got[name][1] == got["main"][1], name
+        _assert_val_batches_equal(got[name][0], got["main"][0])
+
+
+def test_threaded_val_loader_can_be_left_early_and_iterated_again():
+    ds = ellipse_dataset(10, "detect")
+    loader = ValLoader(ds, batch_size=2, image_size=64, workers=4, pin_memory=False)
+    first = next(iter(loader))  # the generator is dropped with work in flight
+    again = list(loader)
+    assert len(again) == len(loader) == 5
+    _assert_val_batches_equal([first], again[:1])
+    with pytest.raises(ValueError, match="backend"):
+        ValLoader(ds, batch_size=2, image_size=64, backend="fork")
 
 
 def test_pose_flip_index_comes_from_the_dataset_or_coco():

@@ -536,43 +536,51 @@ class _ValBatches:
     def __init__(self, source: _Source, order: np.ndarray, shapes: np.ndarray, batch_size: int):
         self.source, self.order, self.shapes, self.batch_size = source, order, shapes, batch_size
 
+    def indices(self, b: int) -> list[int]:
+        """The dataset indices of rect batch ``b``, in order."""
+        return [int(i) for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]]
+
     def __getitem__(self, key: tuple[int, int]) -> tuple[ValBatch, dict[int, str]]:
         _, b = key
         before = dict(self.source.errors)
         H, W = (int(v) for v in self.shapes[b])
-        images, boxes, classes, kpts, ids, names, orig, gains, pads = [], [], [], [], [], [], [], [], []
-        for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]:
-            got = self._read(int(i))
-            if got is None:  # skipped (counted); not replaced: a copy would be evaluated twice
-                continue
-            rec, s = got
-            h0, w0 = s.image.shape[:2]
-            img, p = letterbox(rec.image, (H, W), scaleup=False, center=True, pad_value=PAD_VALUE)
-            images.append(img.transpose(2, 0, 1))
-            gx, gy = p.gain[0] * rec.image.shape[1] / w0, p.gain[1] * rec.image.shape[0] / h0
-            boxes.append(letterbox_boxes(rec.boxes, p))
-            classes.append(rec.classes)
-            if rec.keypoints is not None:
-                k = rec.keypoints.copy()
-                k[..., 0] = k[..., 0] * p.gain[0] + p.pad[0]
-                k[..., 1] = k[..., 1] * p.gain[1] + p.pad[1]
-                kpts.append(k)
-            ids.append(int(s.image_id))
-            names.append(str(s.file_name))
-            orig.append((h0, w0))
-            gains.append((gx, gy))
-            pads.append(p.pad)
-        if not images:
-            bad = [self.source.errors.get(int(i), "?") for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]]
+        batch = self.assemble(b, [self.one(i, H, W) for i in self.indices(b)])
+        return batch, {i: m for i, m in self.source.errors.items() if i not in before}
+
+    def one(self, index: int, H: int, W: int) -> tuple | None:
+        """Image ``index`` read, resized and letterboxed into (H, W) with its labels moved along;
+        None when it cannot be read (counted in ``source.errors``). Thread-safe."""
+        got = self._read(index)
+        if got is None:  # skipped (counted); not replaced: a copy would be evaluated twice
+            return None
+        rec, s = got
+        h0, w0 = s.image.shape[:2]
+        img, p = letterbox(rec.image, (H, W), scaleup=False, center=True, pad_value=PAD_VALUE)
+        gx, gy = p.gain[0] * rec.image.shape[1] / w0, p.gain[1] * rec.image.shape[0] / h0
+        k = None
+        if rec.keypoints is not None:
+            k = rec.keypoints.copy()
+            k[..., 0] = k[..., 0] * p.gain[0] + p.pad[0]
+            k[..., 1] = k[..., 1] * p.gain[1] + p.pad[1]
+        return (img.transpose(2, 0, 1), letterbox_boxes(rec.boxes, p), rec.classes, k, int(s.image_id),
+                str(s.file_name), (h0, w0), (gx, gy), p.pad)
+
+    def assemble(self, b: int, parts: Sequence[tuple | None]) -> ValBatch:
+        """The :class:`ValBatch` of rect batch ``b`` from its images' :meth:`one` results."""
+        H, W = (int(v) for v in self.shapes[b])
+        parts = [x for x in parts if x is not None]
+        if not parts:
+            bad = [self.source.errors.get(i, "?") for i in self.indices(b)]
             raise ValueError(f"[yolo_func] ValLoader: no image of validation batch {b} could be read: {bad[:3]}; "
                              "fix or remove these files")
+        images, boxes, classes, kpts, ids, names, orig, gains, pads = zip(*parts)
+        kpts = [k for k in kpts if k is not None]
         t = targets_from_lists([torch.from_numpy(x) for x in boxes], [torch.from_numpy(c) for c in classes],
                                image_size=(H, W),
                                keypoints_list=[torch.from_numpy(k) for k in kpts] if kpts else None)
-        new = {i: m for i, m in self.source.errors.items() if i not in before}
         return ValBatch(torch.from_numpy(np.stack(images)), t, torch.tensor(ids, dtype=torch.int64), tuple(names),
                         torch.tensor(orig, dtype=torch.int64), torch.tensor(gains, dtype=torch.float32),
-                        torch.tensor(pads, dtype=torch.float32)), new
+                        torch.tensor(pads, dtype=torch.float32))
 
     def _read(self, index: int) -> tuple[Annotated, Any] | None:
         if index in self.source.errors:
@@ -591,6 +599,11 @@ class _ValBatches:
         return len(self.shapes)
 
 
+def _pinned(batch: ValBatch) -> ValBatch:
+    return batch._replace(images=batch.images.pin_memory(), targets=Targets(*(None if v is None else v.pin_memory()
+                                                                              for v in batch.targets)))
+
+
 class ValLoader:
     """Rectangular validation batches (REFERENCE.md §3.1), in aspect-ratio order, last batch kept.
 
@@ -603,12 +616,17 @@ class ValLoader:
       dataset: random access source of :class:`yolo_func.data.Sample`.
       batch_size: B.
       image_size: long side (640).
-      workers: DataLoader workers.
+      workers: parallel readers: threads (``backend="threads"``) or DataLoader worker processes.
       task: default ``dataset.task``.
       shapes: int[N, 2] (h, w) of every original image; default ``dataset.image_shapes`` when the
         dataset has it, else every image is read once at construction (``workers`` threads).
       stride, pad: rect batch rounding (32, 0.5).
       pin_memory: default True when CUDA is available.
+      backend: ``"threads"`` (default): the images of the next batches are read by a pool of
+        ``workers`` threads of this process (decoding and resizing release the GIL), started at
+        each iteration in microseconds; ``"processes"``: DataLoader worker processes (forked at the
+        first iteration: a process holding a CUDA context forks in tenths of a second per worker,
+        a fixed cost a short validation cannot amortise). The batches are the same either way.
       shard: ``(rank, world_size)``: iterate only the rect batches ``b`` with ``b % world_size ==
         rank`` (validation sharded over data-parallel ranks; ``len`` counts this shard's batches).
         Default ``(0, 1)``: every batch.
@@ -627,8 +645,15 @@ class ValLoader:
 
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 4,
                  task: str | None = None, shapes: Sequence[tuple[int, int]] | np.ndarray | None = None,
-                 stride: int = 32, pad: float = 0.5, pin_memory: bool | None = None, shard: tuple[int, int] = (0, 1)):
+                 stride: int = 32, pad: float = 0.5, pin_memory: bool | None = None, shard: tuple[int, int] = (0, 1),
+                 backend: str = "threads"):
+        if backend not in ("threads", "processes"):
+            raise ValueError(f"[yolo_func] ValLoader: backend must be 'threads' or 'processes', got {backend!r}")
+        if workers < 0:
+            raise ValueError(f"[yolo_func] ValLoader: workers must be >= 0, got {workers}")
         self.task = _resolve_task(dataset, task)
+        self.backend, self.workers = backend, int(workers)
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         rank, world = shard
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"[yolo_func] ValLoader: shard must be (rank, world_size) with 0 <= rank < world_size, got {shard}")
@@ -647,8 +672,10 @@ class ValLoader:
         _report(self.skipped, self._source.errors)
         self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size)
         self._sampler = _EpochSampler(_Epoch(), len(self._batches), shard=self.shard)
-        self._loader = _dataloader(self._batches, self._sampler, workers=workers,
-                                   pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
+        self._loader = None
+        if backend == "processes":
+            self._loader = _dataloader(self._batches, self._sampler, workers=workers,
+                                       pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
 
     def _shape(self, index: int, image_size: int) -> tuple[int, int]:
         try:
@@ -661,6 +688,44 @@ class ValLoader:
         return len(self._sampler)
 
     def __iter__(self) -> Iterator[ValBatch]:
-        for batch, new in self._loader:
-            _report(self.skipped, new)
-            yield batch
+        if self._loader is not None:
+            for batch, new in self._loader:
+                _report(self.skipped, new)
+                yield batch
+            return
+        batches = [b for _, b in self._sampler]
+        if self.workers == 0:
+            for b in batches:
+                batch, new = self._batches[(0, b)]
+                _report(self.skipped, new)
+                yield _pinned(batch) if self.pin_memory else batch
+            return
+        yield from self._threaded(batches)
+
+    def _threaded(self, batches: list[int]) -> Iterator[ValBatch]:
+        # every image of the next `ahead` batches in flight on the pool; batches yielded in order
+        vb = self._batches
+        ahead = 2
+        before = dict(self._source.errors)
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="yolo_func-val") as ex:
+            def submit(b: int) -> tuple[int, list]:
+                H, W = (int(v) for v in vb.shapes[b])
+                return b, [ex.submit(vb.one, i, H, W) for i in vb.indices(b)]
+
+            queue = [submit(b) for b in batches[:ahead]]
+            nxt = ahead
+            try:
+                while queue:
+                    b, futures = queue.pop(0)
+                    if nxt < len(batches):
+                        queue.append(submit(batches[nxt]))
+                        nxt += 1
+                    batch = vb.assemble(b, [f.result() for f in futures])
+                    new = {i: m for i, m in self._source.errors.items() if i not in before}
+                    before.update(new)
+                    _report(self.skipped, new)
+                    yield _pinned(batch) if self.pin_memory else batch
+            finally:
+                for _, futures in queue:  # a consumer that stops early: nothing left running
+                    for f in futures:
+                        f.cancel()
