@@ -172,7 +172,14 @@ def vjp_through_autograd() -> Iterator[None]:
 
 
 def dynamo_imported() -> bool:
-    """Whether ``torch._dynamo`` is fully imported (an import under way on another thread: False)."""
+    """Whether ``torch._dynamo`` is fully imported (an import under way on another thread: False).
+
+    Example:
+      >>> import torch._dynamo
+      >>> from yolo_func.func import dynamo_imported
+      >>> dynamo_imported()
+      True
+    """
     m = sys.modules.get("torch._dynamo")
     return m is not None and not getattr(getattr(m, "__spec__", None), "_initializing", False)
 
