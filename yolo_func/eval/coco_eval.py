@@ -43,6 +43,7 @@ __all__ = [
     "category_ids_for",
     "encode_mask",
     "encode_masks",
+    "rle_counts",
     "to_coco_results",
     "evaluate",
     "coco_workers",
@@ -203,7 +204,7 @@ def encode_masks(masks: np.ndarray | torch.Tensor) -> list[dict]:
 
     A NumPy array (or a CPU tensor) goes to one ``pycocotools.mask.encode`` call (a
     Fortran-ordered uint8[h, w, N] array). A CUDA tensor is run-length encoded where it is
-    (:func:`_run_lengths`): only the run boundaries come to the host, not N x h x w bytes of masks
+    (:func:`rle_counts`): only the run boundaries come to the host, not N x h x w bytes of masks
     at the original image size, and pycocotools compresses the runs (``frPyObjects``).
 
     Args:
@@ -227,7 +228,11 @@ def encode_masks(masks: np.ndarray | torch.Tensor) -> list[dict]:
         if masks.shape[0] == 0:
             return []
         h, w = int(masks.shape[1]), int(masks.shape[2])
-        rles = mask_utils.frPyObjects([{"counts": c, "size": [h, w]} for c in _run_lengths(masks)], h, w)
+        counts, lengths = rle_counts(masks)
+        counts = counts.to(torch.int32 if h * w < 2**31 else torch.int64)  # half the bytes to copy
+        counts, lengths = counts.cpu().numpy(), lengths.cpu().numpy()
+        split = np.split(counts, np.cumsum(lengths)[:-1])
+        rles = mask_utils.frPyObjects([{"counts": c, "size": [h, w]} for c in split], h, w)
     else:
         masks = masks.detach().numpy() if isinstance(masks, torch.Tensor) else np.asarray(masks)
         if masks.ndim != 3:
@@ -244,34 +249,50 @@ def encode_masks(masks: np.ndarray | torch.Tensor) -> list[dict]:
     return out
 
 
-def _run_lengths(masks: torch.Tensor) -> list[list[int]]:
-    """COCO's uncompressed RLE counts of each mask: runs of 0s and 1s in column-major order,
-    starting with a (possibly empty) run of 0s, summing to h * w.
+def rle_counts(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """COCO's uncompressed RLE counts of N binary masks, vectorised where the masks are (no per-mask loop).
 
-    The transitions are found on ``masks``' device; the host receives their positions only.
+    Each mask is read in column-major (Fortran) order and cut into alternating runs of 0s and 1s,
+    starting with a run of 0s (of length 0 when the first pixel is 1): pycocotools' uncompressed
+    ``counts``, summing to h * w. All masks' counts are returned in one flat tensor, so that only
+    they (a few per mask column) cross to the host instead of N x h x w bytes.
 
     Args:
-      masks: bool or uint8[N, h, w], N >= 1.
+      masks: bool or uint8[N, h, w] (any device), h * w >= 1.
+
+    Returns:
+      ``(counts int64[S], lengths int64[N])`` on ``masks``' device: mask i's counts are
+      ``counts[sum(lengths[:i]) : sum(lengths[:i + 1])]``.
 
     Example:
-      >>> _run_lengths(torch.tensor([[[0, 1], [1, 1]]], dtype=torch.bool))   # column-major: 0, 1, 1, 1
-      [[1, 3]]
-      >>> _run_lengths(torch.ones(1, 2, 2, dtype=torch.bool))
-      [[0, 4]]
+      >>> counts, lengths = rle_counts(torch.tensor([[[0, 1], [1, 1]], [[1, 1], [1, 1]]], dtype=torch.bool))
+      >>> counts.tolist(), lengths.tolist()            # column-major 0,1,1,1 -> [1, 3]; all ones -> [0, 4]
+      ([1, 3, 0, 4], [2, 2])
     """
+    if masks.ndim != 3 or masks.shape[1] * masks.shape[2] == 0:
+        raise ValueError(f"[yolo_func] rle_counts: expected masks bool[N, h, w] with h, w >= 1, got shape {tuple(masks.shape)}")
     n, h, w = masks.shape
-    flat = masks.bool().transpose(1, 2).reshape(n, h * w)  # column-major, as COCO's RLE
-    rows, cols = (flat[:, 1:] != flat[:, :-1]).nonzero(as_tuple=True)
-    first = flat[:, 0]
-    rows, cols, first = rows.cpu().numpy(), cols.cpu().numpy() + 1, first.cpu().numpy()
-    bounds = np.searchsorted(rows, np.arange(n + 1))
     total = h * w
-    out = []
-    for i in range(n):
-        edges = np.concatenate(([0], cols[bounds[i]:bounds[i + 1]], [total]))
-        counts = np.diff(edges).tolist()
-        out.append([0, *counts] if first[i] else counts)
-    return out
+    dev = masks.device
+    flat = masks.bool().transpose(1, 2).reshape(n, total)  # column-major, as COCO's RLE
+    rows, cols = (flat[:, 1:] != flat[:, :-1]).nonzero(as_tuple=True)  # row-major: each mask's in order
+    ends = cols + 1  # a run ends (and the next starts) before pixel `ends`
+    k = torch.bincount(rows, minlength=n)  # transitions per mask
+    lead = flat[:, 0].long()  # a first pixel of 1: an empty run of 0s first
+    lengths = lead + k + 1
+    offsets = lengths.cumsum(0) - lengths  # where each mask's counts start
+    first_t = k.cumsum(0) - k  # index (in rows / ends) of each mask's first transition
+    j = torch.arange(rows.shape[0], device=dev) - first_t[rows]  # transition index inside its mask
+    prev = torch.zeros_like(ends)
+    prev[1:] = ends[:-1]
+    prev = torch.where(j == 0, torch.zeros_like(prev), prev)
+    counts = torch.zeros(int(lengths.sum()), dtype=torch.int64, device=dev)
+    counts[offsets[rows] + lead[rows] + j] = ends - prev  # the runs that end at a transition
+    last_end = torch.zeros(n, dtype=torch.int64, device=dev)
+    has = k > 0
+    last_end[has] = ends[(first_t + k - 1)[has]]
+    counts[offsets + lead + k] = total - last_end  # each mask's final run
+    return counts, lengths
 
 
 def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequence[int]) -> list[dict]:
