@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo_func.eval.postprocess import Detections, Letterbox, scale_to_original
+from yolo_func.eval.postprocess import COCO_MAX_DETS, Detections, Letterbox, scale_to_original, top_per_category
 
 __all__ = [
     "COCO80_TO_91",
@@ -51,6 +51,7 @@ __all__ = [
     "MAX_AUTO_WORKERS",
     "format_table",
     "CocoEvaluator",
+    "category_groups",
     "quiet_stdout",
 ]
 
@@ -185,6 +186,18 @@ def category_ids_for(coco, num_classes: int) -> list[int]:
             f"pass category_ids=[...] (one id per class) explicitly"
         )
     return ids
+
+
+def category_groups(category_ids: Sequence[int]) -> list[int]:
+    """Class index -> a group index shared by the classes that map to the same category id (for
+    :func:`~yolo_func.eval.postprocess.top_per_category`: COCOeval caps detections per category).
+
+    Example:
+      >>> category_groups([1, 3, 1, 7])
+      [0, 1, 0, 2]
+    """
+    first: dict[int, int] = {}
+    return [first.setdefault(int(c), len(first)) for c in category_ids]
 
 
 def encode_mask(mask: np.ndarray) -> dict:
@@ -596,6 +609,12 @@ class CocoEvaluator:
       verbose: print the table in :meth:`evaluate`.
       workers: processes for the iou types in :meth:`evaluate` (see :func:`evaluate`; None = auto,
         0 = serial in this process).
+      max_per_category: records kept per (image, category): the first ones of each image's
+        detections (descending scores), as many as ``COCOeval`` reads (``maxDets[-1]``, 100 for
+        bbox / segm, 20 for keypoints: :data:`~yolo_func.eval.postprocess.COCO_MAX_DETS` = 100
+        covers every iou type), so the numbers equal those of every record; the rest are never
+        built. None keeps every detection. An image whose scores are not in descending order is
+        kept whole.
 
     Example:
       >>> ev = CocoEvaluator("annotations.json")          # doctest: +SKIP
@@ -613,9 +632,13 @@ class CocoEvaluator:
         kpt_sigmas: Sequence[float] | None = None,
         verbose: bool = True,
         workers: int | None = None,
+        max_per_category: int | None = COCO_MAX_DETS,
     ):
+        if max_per_category is not None and (not isinstance(max_per_category, int) or max_per_category < 1):
+            raise ValueError(f"[yolo_func] CocoEvaluator: max_per_category must be a positive int or None, got {max_per_category!r}")
         self.coco = load_coco(annotations)
         self.workers = workers
+        self.max_per_category = max_per_category
         self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
         self.kpt_sigmas = kpt_sigmas
         self.verbose = verbose
@@ -663,15 +686,35 @@ class CocoEvaluator:
         counts = [int(d.scores.shape[0]) for d in detections]
         host = [[d.masks for d in detections] if name == "masks" else _to_host([d[f] for d in detections], counts)
                 for f, name in enumerate(Detections._fields)]
+        if self.category_ids is None:
+            # Without explicit ids every category of the dataset is a class, in id order.
+            self.category_ids = sorted(self.coco.getCatIds())
         for i, image_id in enumerate(image_ids):
-            det = Detections(*(h[i] for h in host))
-            if self.category_ids is None:
-                # Without explicit ids every category of the dataset is a class, in id order.
-                self.category_ids = sorted(self.coco.getCatIds())
+            det = self._cap(Detections(*(h[i] for h in host)))
             self._has_masks |= det.masks is not None
             self._has_kpts |= det.keypoints is not None
             self._results.extend(to_coco_results(det, image_id=int(image_id), category_ids=self.category_ids))
             self._image_ids.append(int(image_id))
+
+    def _cap(self, det: Detections) -> Detections:
+        """The first :attr:`max_per_category` detections of each category (all when the scores are
+        not in descending order: then the first ones need not be those ``COCOeval`` keeps)."""
+        n = int(det.scores.shape[0])
+        k = self.max_per_category
+        if k is None or n <= k:
+            return det
+        scores = det.scores.detach()
+        if bool((scores[1:] > scores[:-1]).any()):
+            return det
+        classes = det.classes.detach()
+        groups = None
+        if len(self.category_ids) and int(classes.max()) < len(self.category_ids) and int(classes.min()) >= 0:
+            groups = category_groups(self.category_ids)
+        keep = top_per_category(classes[None], torch.ones(1, n, dtype=torch.bool, device=classes.device), k,
+                                category_of=groups)[0]
+        if bool(keep.all()):
+            return det
+        return Detections(*(None if t is None else t[keep.to(t.device)] for t in det))
 
     @property
     def results(self) -> list[dict]:
