@@ -212,3 +212,55 @@ def test_postprocess_with_coco_checks_its_arguments():
         postprocess_with_coco(inf, coco_letterbox=lb, max_per_category=0)
     with pytest.raises(ValueError, match="max_per_category"):
         CocoEvaluator({"images": [], "annotations": [], "categories": []}, max_per_category=-1)
+
+
+# ------------------------------------------------------------------ end to end: the fit's validate
+
+
+def test_validate_with_capped_records_scores_as_with_every_record(shared_data, tmp_path):
+    """A segmentation model whose class 0 fires everywhere (at 224 px, over 100 class-0 detections
+    per image survive NMS; 200 per image in all): the fit's ``validate`` fed a capped ``CocoEvaluator`` (the default) and an uncapped
+    one returns the same metric, and pycocotools gives the same numbers on both record sets."""
+    import json
+
+    from yolo_func import tree as T
+    from yolo_func import yolov8
+    from yolo_func.configs import build_config
+    from yolo_func.data import CocoDataset, ValLoader
+    from yolo_func.eval.evaluate import dataset_categories
+    from yolo_func.train.fit import validate
+
+    root = shared_data / "coco-tiny"
+    data = json.loads((root / "annotations.json").read_text())
+    images = data["images"][:2]
+    ids = {im["id"] for im in images}
+    data = {**data, "images": images, "annotations": [a for a in data["annotations"] if a["image_id"] in ids]}
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    dataset = CocoDataset(tmp_path / "a.json", root / "images", task="segment")
+    model = yolov8("n", task="segment", num_classes=len(dataset.names))
+    params, state = model.init(torch.Generator().manual_seed(0))
+    for path, leaf in T.tree_items(params):
+        if path.startswith("heads/detect/cls/") and path.endswith("pred/bias"):
+            leaf.fill_(-5.0)
+            leaf[0] = -1.0
+    config = build_config("yolov8n-seg", flags={"imgsz": 224, "device": "cpu"},
+                          overrides=["val.batch_size=2", "val.max_det=200"])
+    loader = ValLoader(dataset, batch_size=2, image_size=224, workers=0, task="segment")
+    gt, category_ids = dataset_categories(dataset)
+    out = {}
+    with torch.no_grad():
+        for cap in (None, COCO_MAX_DETS):
+            ev = CocoEvaluator(gt, category_ids=category_ids, verbose=False, max_per_category=cap, workers=0)
+            metric = validate(model, params, state, loader, dataset, config=config, device=torch.device("cpu"),
+                              progress=False, coco=ev)
+            out[cap] = (metric, ev.results, ev.evaluate())
+    (m_all, r_all, c_all), (m_cap, r_cap, c_cap) = out[None], out[COCO_MAX_DETS]
+    assert len(r_all) == 200 * len(images) and len(r_cap) < len(r_all)
+    assert sum(r["category_id"] == category_ids[0] for r in r_cap) == 100 * len(images)  # capped
+    assert sum(r["category_id"] == category_ids[0] for r in r_all) > 100 * len(images)
+    assert set(c_all) == {"bbox", "segm"} and c_cap == c_all
+    assert json.dumps(m_cap, sort_keys=True, default=str) == json.dumps(m_all, sort_keys=True, default=str)
+    kept = {(r["image_id"], r["category_id"], r["score"], tuple(r["bbox"])) for r in r_cap}
+    assert kept <= {(r["image_id"], r["category_id"], r["score"], tuple(r["bbox"])) for r in r_all}
+    segm_all = {(r["image_id"], tuple(r["bbox"])): r["segmentation"] for r in r_all}
+    assert all(segm_all[(r["image_id"], tuple(r["bbox"]))] == r["segmentation"] for r in r_cap)
