@@ -20,9 +20,11 @@ GPU check (one command, from the repository root)::
 
     python benchmarks/profile_validate.py --device cuda --val-batch 8 32
 
-CPU (small images)::
+CPU (small images), after and before (the base commit unpacked with ``git archive``)::
 
     python benchmarks/profile_validate.py --device cpu --imgsz 320 --val-batch 8 --runs 2 --cprofile 25
+    mkdir /tmp/base && git archive 2fd1cf7 | tar -x -C /tmp/base
+    python benchmarks/profile_validate.py --code /tmp/base --device cpu --imgsz 320 --val-batch 8 --runs 2 --cprofile 25
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ import time
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(_REPO))
+# --code DIR: import yolo_func from another checkout (e.g. `git archive` of the base commit), for before / after
+_CODE = Path(sys.argv[sys.argv.index("--code") + 1]).resolve() if "--code" in sys.argv else _REPO
+sys.path.insert(0, str(_CODE))
 
 import torch  # noqa: E402
 
@@ -91,6 +95,7 @@ def main() -> None:
     ap.add_argument("--bias", type=float, default=-5.0, help="the other classes' logit bias")
     ap.add_argument("--cprofile", type=int, default=0, help="print the top N functions of one call")
     ap.add_argument("--skip-evaluate", action="store_true")
+    ap.add_argument("--code", default=str(_REPO), help="checkout whose yolo_func is timed (default: this one)")
     args = ap.parse_args()
     device = torch.device(args.device)
     tmp = Path(tempfile.mkdtemp(prefix="profile_validate_"))
@@ -105,6 +110,9 @@ def main() -> None:
     gt, category_ids = dataset_categories(dataset)
     gt = load_coco(gt)
     dtype = torch.bfloat16 if device.type == "cuda" else None
+    import yolo_func
+
+    print(f"yolo_func from {Path(yolo_func.__file__).parent}")
     print(f"device {device}, {len(dataset)} images at {args.imgsz}, segment nano, torch {torch.__version__}")
     for vb in args.val_batch:
         config = build_config("yolov8n-seg", flags={"imgsz": args.imgsz, "device": str(device)},
