@@ -324,22 +324,47 @@ def test_detections_to_host_one_copy_equals_per_tensor_copies():
 # ------------------------------------------------------------------ RLE on the masks' device
 
 
-@settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 4), h=st.integers(1, 12), w=st.integers(1, 12), p=st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]),
-       seed=st.integers(0, 2**31 - 1))
-def test_run_lengths_compress_to_pycocotools_encode(n, h, w, p, seed):
-    """The device-side run lengths (what a CUDA tensor's masks go through), compressed by
-    pycocotools, are byte-equal to ``pycocotools.mask.encode`` of the same masks: empty, full,
-    single-pixel and 1-row/1-column masks included (masks starting with a 1 get a leading 0 run)."""
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 5), h=st.integers(1, 13), w=st.integers(1, 13), p=st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]),
+       special=st.sampled_from(["none", "empty", "full", "pixel", "last"]), seed=st.integers(0, 2**31 - 1))
+def test_rle_counts_compress_to_pycocotools_encode(n, h, w, p, special, seed):
+    """The vectorised run lengths (what a CUDA tensor's masks go through), compressed by
+    pycocotools, are byte-equal to ``pycocotools.mask.encode`` of the Fortran-ordered masks: empty,
+    full, a single pixel (first, last or anywhere), 1-row / 1-column and odd sizes, several masks
+    at once (masks starting with a 1 get a leading 0 run)."""
     from pycocotools import mask as mask_utils
 
-    from yolo_func.eval.coco_eval import _run_lengths, encode_masks
+    from yolo_func.eval.coco_eval import rle_counts
 
-    m = np.random.default_rng(seed).random((n, h, w)) < p
-    counts = _run_lengths(torch.from_numpy(m))
-    assert all(sum(c) == h * w and all(x > 0 for x in c[1:]) for c in counts)
-    ours = mask_utils.frPyObjects([{"counts": c, "size": [h, w]} for c in counts], h, w)
-    assert [r["counts"].decode() for r in ours] == [r["counts"] for r in encode_masks(m)]
+    rng = np.random.default_rng(seed)
+    m = rng.random((n, h, w)) < p
+    if special == "empty":
+        m[0] = False
+    elif special == "full":
+        m[0] = True
+    elif special == "pixel":
+        m[0] = False
+        m[0, rng.integers(h), rng.integers(w)] = True
+    elif special == "last":
+        m[-1] = False
+        m[-1, -1, -1] = True
+    counts, lengths = rle_counts(torch.from_numpy(m))
+    assert counts.dtype == torch.int64 and lengths.shape == (n,) and int(lengths.sum()) == counts.numel()
+    parts = np.split(counts.numpy(), np.cumsum(lengths.numpy())[:-1])
+    for c in parts:  # runs alternate from 0s: a sum of h * w, only the first may be empty
+        assert c.sum() == h * w and (c[1:] > 0).all()
+    ours = mask_utils.frPyObjects([{"counts": c, "size": [h, w]} for c in parts], h, w)
+    want = [mask_utils.encode(np.asfortranarray(x.astype(np.uint8)))["counts"] for x in m]
+    assert [r["counts"] for r in ours] == want
+
+
+def test_rle_counts_rejects_a_bad_shape():
+    from yolo_func.eval.coco_eval import rle_counts
+
+    with pytest.raises(ValueError, match=r"bool\[N, h, w\]"):
+        rle_counts(torch.zeros(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="h, w >= 1"):
+        rle_counts(torch.zeros(2, 0, 3, dtype=torch.bool))
 
 
 @pytest.mark.cuda

@@ -17,6 +17,32 @@ def test_crop_rule_is_integer_index_half_open():
     assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_crop_of_bool_masks_equals_a_per_pixel_rule(batched):
+    """The bool path (two broadcast ANDs) against the rule written per pixel, and against the
+    float path (``torch.where``) thresholded; boxes partly outside, empty and fractional; the
+    input is not modified."""
+    g = torch.Generator().manual_seed(0)
+    m = torch.rand(2, 5, 9, 11, generator=g) > 0.3
+    b = torch.rand(2, 5, 4, generator=g) * 14 - 2
+    b[..., 2:] = b[..., :2] + torch.rand(2, 5, 2, generator=g) * 9
+    b[0, 0] = torch.tensor([4.0, 4.0, 4.0, 8.0])  # empty (x1 == x2)
+    if not batched:
+        m, b = m[0], b[0]
+    before = m.clone()
+    got = M.crop_masks(m, b)
+    assert torch.equal(m, before) and got.dtype == torch.bool
+    r = torch.arange(9.0)[:, None]
+    c = torch.arange(11.0)[None, :]
+    want = torch.zeros_like(m)
+    for idx in torch.cartesian_prod(*(torch.arange(n) for n in m.shape[:-2])).reshape(-1, m.dim() - 2):
+        i = tuple(idx.tolist())
+        x1, y1, x2, y2 = b[i].tolist()
+        want[i] = m[i] & (c >= x1) & (c < x2) & (r >= y1) & (r < y2)
+    assert torch.equal(got, want)
+    assert torch.equal(M.crop_masks(m.float(), b) > 0.5, want)
+
+
 def test_mask_logits_and_val_masks_hand_computed():
     # Two prototypes: +1 on the left half, +1 on the top half (16x16 input -> 4x4 prototypes).
     p = torch.zeros(2, 4, 4)

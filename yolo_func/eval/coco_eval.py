@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo_func.eval.postprocess import Detections, Letterbox, scale_to_original
+from yolo_func.eval.postprocess import COCO_MAX_DETS, Detections, Letterbox, scale_to_original, top_per_category
 
 __all__ = [
     "COCO80_TO_91",
@@ -43,6 +43,7 @@ __all__ = [
     "category_ids_for",
     "encode_mask",
     "encode_masks",
+    "rle_counts",
     "to_coco_results",
     "evaluate",
     "coco_workers",
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_AUTO_WORKERS",
     "format_table",
     "CocoEvaluator",
+    "category_groups",
     "quiet_stdout",
 ]
 
@@ -186,6 +188,18 @@ def category_ids_for(coco, num_classes: int) -> list[int]:
     return ids
 
 
+def category_groups(category_ids: Sequence[int]) -> list[int]:
+    """Class index -> a group index shared by the classes that map to the same category id (for
+    :func:`~yolo_func.eval.postprocess.top_per_category`: COCOeval caps detections per category).
+
+    Example:
+      >>> category_groups([1, 3, 1, 7])
+      [0, 1, 0, 2]
+    """
+    first: dict[int, int] = {}
+    return [first.setdefault(int(c), len(first)) for c in category_ids]
+
+
 def encode_mask(mask: np.ndarray) -> dict:
     """Compressed RLE of one binary mask, JSON-ready (``counts`` as str).
 
@@ -203,7 +217,7 @@ def encode_masks(masks: np.ndarray | torch.Tensor) -> list[dict]:
 
     A NumPy array (or a CPU tensor) goes to one ``pycocotools.mask.encode`` call (a
     Fortran-ordered uint8[h, w, N] array). A CUDA tensor is run-length encoded where it is
-    (:func:`_run_lengths`): only the run boundaries come to the host, not N x h x w bytes of masks
+    (:func:`rle_counts`): only the run boundaries come to the host, not N x h x w bytes of masks
     at the original image size, and pycocotools compresses the runs (``frPyObjects``).
 
     Args:
@@ -227,7 +241,11 @@ def encode_masks(masks: np.ndarray | torch.Tensor) -> list[dict]:
         if masks.shape[0] == 0:
             return []
         h, w = int(masks.shape[1]), int(masks.shape[2])
-        rles = mask_utils.frPyObjects([{"counts": c, "size": [h, w]} for c in _run_lengths(masks)], h, w)
+        counts, lengths = rle_counts(masks)
+        counts = counts.to(torch.int32 if h * w < 2**31 else torch.int64)  # half the bytes to copy
+        counts, lengths = counts.cpu().numpy(), lengths.cpu().numpy()
+        split = np.split(counts, np.cumsum(lengths)[:-1])
+        rles = mask_utils.frPyObjects([{"counts": c, "size": [h, w]} for c in split], h, w)
     else:
         masks = masks.detach().numpy() if isinstance(masks, torch.Tensor) else np.asarray(masks)
         if masks.ndim != 3:
@@ -244,34 +262,50 @@ def encode_masks(masks: np.ndarray | torch.Tensor) -> list[dict]:
     return out
 
 
-def _run_lengths(masks: torch.Tensor) -> list[list[int]]:
-    """COCO's uncompressed RLE counts of each mask: runs of 0s and 1s in column-major order,
-    starting with a (possibly empty) run of 0s, summing to h * w.
+def rle_counts(masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """COCO's uncompressed RLE counts of N binary masks, vectorised where the masks are (no per-mask loop).
 
-    The transitions are found on ``masks``' device; the host receives their positions only.
+    Each mask is read in column-major (Fortran) order and cut into alternating runs of 0s and 1s,
+    starting with a run of 0s (of length 0 when the first pixel is 1): pycocotools' uncompressed
+    ``counts``, summing to h * w. All masks' counts are returned in one flat tensor, so that only
+    they (a few per mask column) cross to the host instead of N x h x w bytes.
 
     Args:
-      masks: bool or uint8[N, h, w], N >= 1.
+      masks: bool or uint8[N, h, w] (any device), h * w >= 1.
+
+    Returns:
+      ``(counts int64[S], lengths int64[N])`` on ``masks``' device: mask i's counts are
+      ``counts[sum(lengths[:i]) : sum(lengths[:i + 1])]``.
 
     Example:
-      >>> _run_lengths(torch.tensor([[[0, 1], [1, 1]]], dtype=torch.bool))   # column-major: 0, 1, 1, 1
-      [[1, 3]]
-      >>> _run_lengths(torch.ones(1, 2, 2, dtype=torch.bool))
-      [[0, 4]]
+      >>> counts, lengths = rle_counts(torch.tensor([[[0, 1], [1, 1]], [[1, 1], [1, 1]]], dtype=torch.bool))
+      >>> counts.tolist(), lengths.tolist()            # column-major 0,1,1,1 -> [1, 3]; all ones -> [0, 4]
+      ([1, 3, 0, 4], [2, 2])
     """
+    if masks.ndim != 3 or masks.shape[1] * masks.shape[2] == 0:
+        raise ValueError(f"[yolo_func] rle_counts: expected masks bool[N, h, w] with h, w >= 1, got shape {tuple(masks.shape)}")
     n, h, w = masks.shape
-    flat = masks.bool().transpose(1, 2).reshape(n, h * w)  # column-major, as COCO's RLE
-    rows, cols = (flat[:, 1:] != flat[:, :-1]).nonzero(as_tuple=True)
-    first = flat[:, 0]
-    rows, cols, first = rows.cpu().numpy(), cols.cpu().numpy() + 1, first.cpu().numpy()
-    bounds = np.searchsorted(rows, np.arange(n + 1))
     total = h * w
-    out = []
-    for i in range(n):
-        edges = np.concatenate(([0], cols[bounds[i]:bounds[i + 1]], [total]))
-        counts = np.diff(edges).tolist()
-        out.append([0, *counts] if first[i] else counts)
-    return out
+    dev = masks.device
+    flat = masks.bool().transpose(1, 2).reshape(n, total)  # column-major, as COCO's RLE
+    rows, cols = (flat[:, 1:] != flat[:, :-1]).nonzero(as_tuple=True)  # row-major: each mask's in order
+    ends = cols + 1  # a run ends (and the next starts) before pixel `ends`
+    k = torch.bincount(rows, minlength=n)  # transitions per mask
+    lead = flat[:, 0].long()  # a first pixel of 1: an empty run of 0s first
+    lengths = lead + k + 1
+    offsets = lengths.cumsum(0) - lengths  # where each mask's counts start
+    first_t = k.cumsum(0) - k  # index (in rows / ends) of each mask's first transition
+    j = torch.arange(rows.shape[0], device=dev) - first_t[rows]  # transition index inside its mask
+    prev = torch.zeros_like(ends)
+    prev[1:] = ends[:-1]
+    prev = torch.where(j == 0, torch.zeros_like(prev), prev)
+    counts = torch.zeros(int(lengths.sum()), dtype=torch.int64, device=dev)
+    counts[offsets[rows] + lead[rows] + j] = ends - prev  # the runs that end at a transition
+    last_end = torch.zeros(n, dtype=torch.int64, device=dev)
+    has = k > 0
+    last_end[has] = ends[(first_t + k - 1)[has]]
+    counts[offsets + lead + k] = total - last_end  # each mask's final run
+    return counts, lengths
 
 
 def to_coco_results(detections: Detections, *, image_id: int, category_ids: Sequence[int]) -> list[dict]:
@@ -575,6 +609,12 @@ class CocoEvaluator:
       verbose: print the table in :meth:`evaluate`.
       workers: processes for the iou types in :meth:`evaluate` (see :func:`evaluate`; None = auto,
         0 = serial in this process).
+      max_per_category: records kept per (image, category): the first ones of each image's
+        detections (descending scores), as many as ``COCOeval`` reads (``maxDets[-1]``, 100 for
+        bbox / segm, 20 for keypoints: :data:`~yolo_func.eval.postprocess.COCO_MAX_DETS` = 100
+        covers every iou type), so the numbers equal those of every record; the rest are never
+        built. None keeps every detection. An image whose scores are not in descending order is
+        kept whole.
 
     Example:
       >>> ev = CocoEvaluator("annotations.json")          # doctest: +SKIP
@@ -592,9 +632,13 @@ class CocoEvaluator:
         kpt_sigmas: Sequence[float] | None = None,
         verbose: bool = True,
         workers: int | None = None,
+        max_per_category: int | None = COCO_MAX_DETS,
     ):
+        if max_per_category is not None and (not isinstance(max_per_category, int) or max_per_category < 1):
+            raise ValueError(f"[yolo_func] CocoEvaluator: max_per_category must be a positive int or None, got {max_per_category!r}")
         self.coco = load_coco(annotations)
         self.workers = workers
+        self.max_per_category = max_per_category
         self.category_ids = None if category_ids is None else [int(c) for c in category_ids]
         self.kpt_sigmas = kpt_sigmas
         self.verbose = verbose
@@ -642,15 +686,35 @@ class CocoEvaluator:
         counts = [int(d.scores.shape[0]) for d in detections]
         host = [[d.masks for d in detections] if name == "masks" else _to_host([d[f] for d in detections], counts)
                 for f, name in enumerate(Detections._fields)]
+        if self.category_ids is None:
+            # Without explicit ids every category of the dataset is a class, in id order.
+            self.category_ids = sorted(self.coco.getCatIds())
         for i, image_id in enumerate(image_ids):
-            det = Detections(*(h[i] for h in host))
-            if self.category_ids is None:
-                # Without explicit ids every category of the dataset is a class, in id order.
-                self.category_ids = sorted(self.coco.getCatIds())
+            det = self._cap(Detections(*(h[i] for h in host)))
             self._has_masks |= det.masks is not None
             self._has_kpts |= det.keypoints is not None
             self._results.extend(to_coco_results(det, image_id=int(image_id), category_ids=self.category_ids))
             self._image_ids.append(int(image_id))
+
+    def _cap(self, det: Detections) -> Detections:
+        """The first :attr:`max_per_category` detections of each category (all when the scores are
+        not in descending order: then the first ones need not be those ``COCOeval`` keeps)."""
+        n = int(det.scores.shape[0])
+        k = self.max_per_category
+        if k is None or n <= k:
+            return det
+        scores = det.scores.detach()
+        if bool((scores[1:] > scores[:-1]).any()):
+            return det
+        classes = det.classes.detach()
+        groups = None
+        if len(self.category_ids) and int(classes.max()) < len(self.category_ids) and int(classes.min()) >= 0:
+            groups = category_groups(self.category_ids)
+        keep = top_per_category(classes[None], torch.ones(1, n, dtype=torch.bool, device=classes.device), k,
+                                category_of=groups)[0]
+        if bool(keep.all()):
+            return det
+        return Detections(*(None if t is None else t[keep.to(t.device)] for t in det))
 
     @property
     def results(self) -> list[dict]:

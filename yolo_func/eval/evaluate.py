@@ -36,9 +36,10 @@ import numpy as np
 import torch
 
 from yolo_func import tree as T
-from yolo_func.eval.coco_eval import CocoEvaluator
+from yolo_func.eval.coco_eval import CocoEvaluator, category_groups
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
-from yolo_func.eval.postprocess import STATIC_CANDIDATES, Detections, Letterbox, postprocess, postprocess_static
+from yolo_func.eval.postprocess import (STATIC_CANDIDATES, Detections, Letterbox, postprocess, postprocess_static,
+                                        postprocess_with_coco)
 from yolo_func.models.yolov8 import Inference
 
 __all__ = ["evaluate", "evaluate_with_records", "coco_ground_truth", "dataset_categories", "model_kpt_shape", "resolve_device", "ValReplay"]
@@ -411,6 +412,7 @@ def evaluate_with_records(
     category_ids = [dataset_cat_ids[c] for c in class_map]
     to_dataset_class = torch.tensor(class_map, dtype=torch.int64)
     coco_ev = CocoEvaluator(gt, category_ids=category_ids, verbose=verbose, workers=coco_workers) if coco else None
+    category_of = category_groups(category_ids)  # model classes mapped to one category share its cap
     internal = MetricAccumulator()
     params, state = T.tree_to(params, dev), T.tree_to(state, dev)
     # never more loader processes than cores (torch warns, and they would only contend)
@@ -436,6 +438,7 @@ def evaluate_with_records(
     with _progress(len(loader), progress) as bar, torch.no_grad():
         for batch in loader:
             letterboxes = _letterboxes(batch)
+            coco_dets = None  # COCO's own detections when they differ from the metric's
             got = replayer(batch.images.to(dev, non_blocking=True)) if replayer is not None else None
             if got is not None and got[0] is not None:
                 dets = [scale_to_original(d, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad)
@@ -447,9 +450,18 @@ def evaluate_with_records(
                     images = batch.images.to(dev, non_blocking=True).float() / 255
                     with autocast(dev, amp):
                         inference = model.predict(params, state, images)
-                dets = _detections_to_host(postprocess(inference, **post, mask_method="native", letterbox=letterboxes))
+                if coco_ev is not None and inference.protos is not None:
+                    # one NMS; masks at the original size only for the detections COCOeval reads
+                    # (the first 100 of each image and category), none for the internal metric
+                    dets, coco_dets = postprocess_with_coco(
+                        inference, **{**post, "masks": False}, coco_letterbox=letterboxes, letterbox=letterboxes,
+                        max_per_category=coco_ev.max_per_category, category_of=category_of)
+                    coco_dets = _detections_to_host(coco_dets)
+                else:
+                    dets = postprocess(inference, **post, mask_method="native", letterbox=letterboxes)
+                dets = _detections_to_host(dets)
             if coco_ev is not None:
-                coco_ev.process(batch.image_ids.tolist(), dets)
+                coco_ev.process(batch.image_ids.tolist(), dets if coco_dets is None else coco_dets)
             internal.process(
                 [Detections(d.boxes, d.scores, to_dataset_class[d.classes], None, d.keypoints) for d in dets],
                 _ground_truth(batch, letterboxes),

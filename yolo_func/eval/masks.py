@@ -25,6 +25,7 @@ __all__ = [
     "masks_val",
     "masks_predict",
     "masks_native",
+    "masks_native_from_logits",
     "unpad_region",
     "gains",
     "rescale_masks",
@@ -70,6 +71,9 @@ def crop_masks(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     x1, y1, x2, y2 = (boxes[..., i, None] for i in range(4))
     inside_x = (cols >= x1) & (cols < x2)  # [..., N, w]
     inside_y = (rows >= y1) & (rows < y2)  # [..., N, h]
+    if masks.dtype == torch.bool:  # two broadcast ANDs, no [..., N, h, w] `inside` (3x faster on the CPU)
+        out = masks & inside_y[..., :, None]
+        return out.logical_and_(inside_x[..., None, :])
     inside = inside_y[..., :, None] & inside_x[..., None, :]
     return torch.where(inside, masks, torch.zeros((), dtype=masks.dtype, device=masks.device))
 
@@ -187,7 +191,37 @@ def masks_native(
     Returns:
       bool[N, h0, w0].
     """
-    logits = mask_logits(protos, coeffs)
+    return masks_native_from_logits(mask_logits(protos, coeffs), boxes_orig, input_shape=input_shape,
+                                    orig_shape=orig_shape, gain=gain, pad=pad)
+
+
+def masks_native_from_logits(
+    logits: torch.Tensor,
+    boxes_orig: torch.Tensor,
+    *,
+    input_shape: tuple[int, int],
+    orig_shape: tuple[int, int],
+    gain: float | tuple[float, float],
+    pad: tuple[float, float],
+) -> torch.Tensor:
+    """:func:`masks_native` from the prototype-resolution logits (:func:`mask_logits`' output): each
+    row's mask depends on its own logits only, so rows can be picked before this (bitwise the same
+    masks as :func:`masks_native` of every row, then picked).
+
+    Args:
+      logits: float[N, Hp, Wp].
+      boxes_orig, input_shape, orig_shape, gain, pad: as in :func:`masks_native`.
+
+    Returns:
+      bool[N, h0, w0].
+
+    Example:
+      >>> logits = torch.ones(1, 4, 4)                 # a 16x16 input, 4x4 prototypes
+      >>> m = masks_native_from_logits(logits, torch.tensor([[0.0, 0.0, 4.0, 8.0]]), input_shape=(16, 16),
+      ...                              orig_shape=(8, 8), gain=2.0, pad=(0.0, 0.0))
+      >>> m.shape, int(m.sum())                        # the box's 4 x 8 pixels
+      (torch.Size([1, 8, 8]), 32)
+    """
     if logits.shape[0] == 0:
         return torch.zeros(0, *orig_shape, dtype=torch.bool, device=logits.device)
     # Two bilinear steps, proto -> input size -> (padding removed) original size: this equals the

@@ -29,6 +29,9 @@ __all__ = [
     "Letterbox",
     "postprocess",
     "postprocess_static",
+    "postprocess_with_coco",
+    "top_per_category",
+    "COCO_MAX_DETS",
     "unpad",
     "scale_to_original",
     "MAX_CANDIDATES",
@@ -37,6 +40,10 @@ __all__ = [
 
 #: The reference's cap on NMS input rows per image (``max_nms``).
 MAX_CANDIDATES = 30000
+#: Detections per (image, category) pycocotools' ``COCOeval`` scores at most: ``maxDets[-1]`` of its
+#: default parameters, 100 for ``bbox`` and ``segm`` (20 for ``keypoints``), so a record that
+#: carries box, mask and keypoints together needs the largest (:func:`top_per_category`).
+COCO_MAX_DETS = 100
 #: Rows per image the static form ranks and gives to its NMS (:func:`postprocess_static`).
 STATIC_CANDIDATES = 1024
 
@@ -379,18 +386,184 @@ def postprocess(
       ([[6.0, 6.0, 14.0, 14.0], [36.0, 36.0, 44.0, 44.0]], [0.8999999761581421, 0.699999988079071], [0, 0])
     """
     _check_args(conf, iou, max_det, max_candidates, mask_method)
-    K, kpts = _layout(inference, num_classes, kpt_shape)
+    _check_letterbox(inference, mask_method, letterbox)
+    sel = _select(inference, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
+                  num_classes=num_classes, kpt_shape=kpt_shape, max_candidates=max_candidates, block=block)
+    return _assemble(inference, sel, mask_method=mask_method, letterbox=letterbox, masks=masks)
+
+
+def postprocess_with_coco(
+    inference: Inference,
+    *,
+    coco_letterbox: Sequence[Letterbox],
+    max_per_category: int | None = COCO_MAX_DETS,
+    category_of: Sequence[int] | torch.Tensor | None = None,
+    coco_masks: bool = True,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    multi_label: bool = False,
+    agnostic: bool = False,
+    num_classes: int | None = None,
+    kpt_shape: tuple[int, int] | None = None,
+    mask_method: str = "predict",
+    letterbox: Sequence[Letterbox] | None = None,
+    max_candidates: int = MAX_CANDIDATES,
+    block: int = 256,
+    masks: bool = True,
+) -> tuple[list[Detections], list[Detections]]:
+    """One NMS, two outputs: :func:`postprocess`'s detections and the COCO records' detections.
+
+    The first list equals ``postprocess(inference, conf=..., ..., mask_method=mask_method,
+    letterbox=letterbox, masks=masks)``. The second is ``postprocess(inference, ...,
+    mask_method="native", letterbox=coco_letterbox)`` (original-image pixels, masks at the original
+    size) restricted to the first ``max_per_category`` detections of each (image, category), in
+    the same order: the rows pycocotools' ``COCOeval`` can score (:func:`top_per_category`); masks
+    are assembled at the original size for those rows only. The NMS, which the two calls would
+    each run, runs once.
+
+    Args:
+      inference: as in :func:`postprocess`.
+      coco_letterbox: one :class:`Letterbox` per image (the COCO records are in original pixels).
+      max_per_category: detections kept per (image, category); None keeps all. The default,
+        :data:`COCO_MAX_DETS` = 100, is the most ``COCOeval`` reads for any iou type.
+      category_of: int[K], the category of each class (classes sharing a category share its cap);
+        default: each class its own.
+      coco_masks: assemble the COCO detections' masks (segmentation models).
+      conf, iou, max_det, multi_label, agnostic, num_classes, kpt_shape, mask_method, letterbox,
+        max_candidates, block, masks: as in :func:`postprocess`, for the first list.
+
+    Returns:
+      ``(detections, coco_detections)``: two lists of B :class:`Detections`.
+
+    Raises:
+      ValueError: as :func:`postprocess`; a ``coco_letterbox`` of the wrong length; a
+        ``max_per_category`` < 1.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func import Inference
+      >>> from yolo_func.eval import Letterbox
+      >>> y = torch.zeros(1, 4 + 2, 3)                    # float[B, 4 + K, A]: three separate boxes, K = 2
+      >>> y[0, :4] = torch.tensor([[10.0, 30.0, 50.0], [10.0, 10.0, 10.0], [8.0, 8.0, 8.0], [8.0, 8.0, 8.0]])
+      >>> y[0, 4] = torch.tensor([0.9, 0.8, 0.7])          # all class 0
+      >>> lb = [Letterbox((64, 64), 1.0, (0.0, 0.0))]
+      >>> dets, coco = postprocess_with_coco(Inference(y), coco_letterbox=lb, max_per_category=2, conf=0.25)
+      >>> dets[0].scores.tolist() == [0.8999999761581421, 0.800000011920929, 0.699999988079071], coco[0].scores.shape
+      (True, torch.Size([2]))
+    """
+    _check_args(conf, iou, max_det, max_candidates, mask_method)
+    _check_letterbox(inference, mask_method, letterbox)
+    B = inference.y.shape[0]
+    if len(coco_letterbox) != B:
+        raise ValueError(f"[yolo_func] postprocess_with_coco: coco_letterbox must hold one Letterbox per image ({B}), "
+                         f"got {len(coco_letterbox)}")
+    if max_per_category is not None and (not isinstance(max_per_category, int) or max_per_category < 1):
+        raise ValueError(f"[yolo_func] postprocess_with_coco: max_per_category must be a positive int or None, "
+                         f"got {max_per_category!r}")
+    sel = _select(inference, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
+                  num_classes=num_classes, kpt_shape=kpt_shape, max_candidates=max_candidates, block=block)
+    dets = _assemble(inference, sel, mask_method=mask_method, letterbox=letterbox, masks=masks)
+    rows = None
+    if max_per_category is not None:
+        valid = torch.arange(sel.boxes.shape[1], device=sel.boxes.device)[None] < torch.tensor(
+            sel.counts, device=sel.boxes.device)[:, None]
+        keep = top_per_category(sel.classes, valid, max_per_category, category_of=category_of)
+        if not bool((keep == valid).all()):  # something to drop (one host read)
+            kept = keep.sum(1)
+            order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices  # kept rows first, in order
+            rows = [order[b, :n] for b, n in enumerate(kept.tolist())]
+    coco = _assemble(inference, sel, mask_method="native", letterbox=coco_letterbox, masks=coco_masks, rows=rows)
+    return dets, coco
+
+
+def top_per_category(classes: torch.Tensor, valid: torch.Tensor, k: int, *,
+                     category_of: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """The rows among the first ``k`` valid ones of their (image, category), rows in rank order.
+
+    pycocotools' ``COCOeval`` scores, per (image, category), the ``maxDets[-1]`` highest-scoring
+    detections (100 for ``bbox`` / ``segm``, 20 for ``keypoints``), sorted by a stable
+    ``np.argsort(-score, kind="mergesort")``: among equal scores the earlier record first.
+    :func:`postprocess`'s detections are in descending score order (ties: lower candidate rank
+    first), the COCO records keep that order and their 5-decimal rounding of the scores keeps it
+    non-increasing, so ``COCOeval``'s choice is exactly the first ``k`` records of each (image,
+    category): rows past them can never change its numbers. Vectorised (one stable sort per
+    image row), no per-box loop.
+
+    Args:
+      classes: int64[B, D], each row's class, rows in rank order.
+      valid: bool[B, D]; invalid rows are never kept and do not count.
+      k: rows kept per (image, category), >= 1.
+      category_of: int[K], each class's category (default: the class itself).
+
+    Returns:
+      bool[B, D]: valid and among the first ``k`` of its (image, category).
+
+    Example:
+      >>> classes = torch.tensor([[0, 1, 0, 0, 1, 2]])
+      >>> top_per_category(classes, torch.ones(1, 6, dtype=torch.bool), 2).tolist()
+      [[True, True, True, False, True, True]]
+      >>> top_per_category(classes, torch.ones(1, 6, dtype=torch.bool), 2, category_of=[0, 1, 1]).tolist()
+      [[True, True, True, False, True, False]]
+    """
+    if classes.shape != valid.shape or classes.dim() != 2:
+        raise ValueError(f"[yolo_func] top_per_category: expected classes int64[B, D] and valid bool[B, D], got "
+                         f"{tuple(classes.shape)} and {tuple(valid.shape)}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"[yolo_func] top_per_category: k must be a positive int, got {k!r}")
+    B, D = classes.shape
+    if D == 0:
+        return valid.clone()
+    group = classes.long()
+    if category_of is not None:
+        cats = torch.as_tensor(category_of, dtype=torch.int64, device=classes.device)
+        group = cats[group]
+    # invalid rows in a group of their own, sorted after every category
+    group = torch.where(valid, group, torch.full_like(group, torch.iinfo(torch.int64).max))
+    sg, order = torch.sort(group, dim=1, stable=True)  # each category's rows together, in rank order
+    pos = torch.arange(D, device=classes.device).expand(B, D)
+    starts = torch.ones_like(sg, dtype=torch.bool)
+    starts[:, 1:] = sg[:, 1:] != sg[:, :-1]
+    first = torch.where(starts, pos, torch.zeros_like(pos)).cummax(1).values  # where the row's group starts
+    within = torch.empty_like(pos).scatter_(1, order, pos - first)  # rank inside its (image, category)
+    return valid & (within < k)
+
+
+class _Selected(NamedTuple):
+    """The NMS's kept rows of a batch, padded: boxes float[B, D, 4] xyxy input pixels, scores float[B, D],
+    classes int64[B, D], extra float[B, D, E] (mask coefficients or flat keypoints), counts (host
+    ints, the real rows per image), kpts (P, Dk) or None."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    classes: torch.Tensor
+    extra: torch.Tensor
+    counts: list
+    kpts: tuple | None
+
+
+def _check_letterbox(inference, mask_method, letterbox) -> None:
     B = inference.y.shape[0]
     if letterbox is not None and len(letterbox) != B:
         raise ValueError(f"[yolo_func] postprocess: letterbox must hold one Letterbox per image ({B}), got {len(letterbox)}")
     if mask_method == "native" and inference.protos is not None and letterbox is None:
         raise ValueError('[yolo_func] postprocess: mask_method="native" needs letterbox=[Letterbox(orig_shape, gain, pad), ...]')
+
+
+def _select(inference, *, conf, iou, max_det, multi_label, agnostic, num_classes, kpt_shape, max_candidates, block) -> _Selected:
+    K, kpts = _layout(inference, num_classes, kpt_shape)
     boxes, scores, classes, extra, res = _nms(
         inference, K, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
         n_cand=None, max_candidates=max_candidates, block=block, iters=None,
     )
-    counts = res.count.tolist()  # sizes of the variable-length outputs (host read)
-    D = boxes.shape[1]
+    return _Selected(boxes, scores, classes, extra, res.count.tolist(), kpts)  # sizes: a host read
+
+
+def _assemble(inference, sel: _Selected, *, mask_method, letterbox, masks, rows=None) -> list[Detections]:
+    """Per-image :class:`Detections` of the selected rows (``rows``: per image, the indices of the
+    rows to return, in order; None: all of them), masks assembled for those rows only."""
+    boxes, scores, classes, extra, counts, kpts = sel
+    B, D = boxes.shape[:2]
     keypoints = extra.reshape(B, D, *kpts) if kpts is not None else None
     with_masks = inference.protos is not None and masks
     input_shape = _input_shape(inference)
@@ -400,27 +573,32 @@ def postprocess(
     if with_masks and mask_method == "val":  # the whole batch in one matmul + crop, kept rows only
         d = max(counts, default=0)
         val_masks = M.masks_val(inference.protos, extra[:, :d], boxes[:, :d], input_shape)
+
+    def pick(t, b, n):
+        return t[b, :n] if rows is None else t[b, :n][rows[b]]
+
     out = []
     for b, n in enumerate(counts):
-        det = Detections(boxes[b, :n], scores[b, :n], classes[b, :n],
-                         keypoints=None if keypoints is None else keypoints[b, :n])
+        det = Detections(pick(boxes, b, n), pick(scores, b, n), pick(classes, b, n),
+                         keypoints=None if keypoints is None else pick(keypoints, b, n))
         orig = None
         if letterbox is not None:
-            orig = det._replace(boxes=orig_boxes[b, :n], keypoints=None if orig_kpts is None else orig_kpts[b, :n])
+            orig = det._replace(boxes=pick(orig_boxes, b, n), keypoints=None if orig_kpts is None else pick(orig_kpts, b, n))
         if with_masks:
-            coeffs = extra[b, :n]
             if mask_method == "native":
                 lb = letterbox[b]
-                m = M.masks_native(
-                    inference.protos[b], coeffs, orig.boxes, input_shape=input_shape,
+                # the logits of every kept row (the matmul as postprocess always ran it), then the rows asked for
+                logits = M.mask_logits(inference.protos[b], extra[b, :n])
+                m = M.masks_native_from_logits(
+                    logits if rows is None else logits[rows[b]], orig.boxes, input_shape=input_shape,
                     orig_shape=tuple(lb.orig_shape), gain=lb.gain, pad=tuple(lb.pad),
                 )
                 out.append(orig._replace(masks=m))
                 continue
             if val_masks is not None:
-                m = val_masks[b, :n]
+                m = pick(val_masks, b, n)
             else:
-                m = M.masks_predict(inference.protos[b], coeffs, det.boxes, input_shape)
+                m = M.masks_predict(inference.protos[b], pick(extra, b, n), det.boxes, input_shape)
             if orig is not None:
                 lb = letterbox[b]
                 m = M.rescale_masks(m, input_shape=input_shape, orig_shape=(int(lb.orig_shape[0]), int(lb.orig_shape[1])),

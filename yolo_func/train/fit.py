@@ -54,9 +54,9 @@ from yolo_func.configs import Config, config_diff
 from yolo_func.data import CocoDataset, TrainLoader, ValLoader, YoloDataset, builtin_dataset
 from yolo_func.data.augment import AugmentConfig as LoaderAugment
 from yolo_func.data.loader import ValBatch, val_boxes_to_original
-from yolo_func.eval.coco_eval import CocoEvaluator, load_coco
+from yolo_func.eval.coco_eval import CocoEvaluator, category_groups, load_coco
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
-from yolo_func.eval.postprocess import Letterbox, postprocess, scale_to_original
+from yolo_func.eval.postprocess import Letterbox, postprocess, postprocess_with_coco, scale_to_original
 from yolo_func.func import autocast_dtype, eval_autocast_dtype
 from yolo_func.models.yolov8 import Model, yolov8
 from yolo_func.optim import ema as make_ema
@@ -381,8 +381,10 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
 
     With ``coco``, each image's detections in original pixels also go to ``coco.process`` (COCO
     result records; the metric is unchanged): the same detections the metric scores for detect and
-    pose; for segment a second :func:`postprocess` of the batch with ``mask_method="native"`` (masks
-    assembled at the original size from the coefficients, as :func:`yolo_func.eval.evaluate` does).
+    pose; for segment the same NMS's detections with masks assembled at the original size from the
+    coefficients (:func:`~yolo_func.eval.postprocess.postprocess_with_coco`, as
+    :func:`yolo_func.eval.evaluate` does), only for the first ``coco.max_per_category`` (100) of
+    each image and category: all ``COCOeval`` reads.
 
     Args:
       model: the :class:`Model`.
@@ -425,12 +427,17 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
             inf = model.predict(params, state, x)
         inf = type(inf)(*(None if t is None else t.float() for t in inf))
         post = dict(conf=config.val.conf, iou=config.val.iou, max_det=config.val.max_det, multi_label=True, kpt_shape=kpt_shape)
-        dets = postprocess(inf, **post, mask_method="val")
         native = None
         if coco is not None and inf.protos is not None:  # COCO masks at the original size (evaluate's path)
             letterboxes = [Letterbox((int(h), int(w)), (float(gy), float(gx)), (float(px), float(py))) for (h, w), (gx, gy), (px, py)
                            in zip(vb.orig_shapes.tolist(), vb.gains.tolist(), vb.pads.tolist())]
-            native = postprocess(inf, **post, mask_method="native", letterbox=letterboxes)
+            # one NMS for both; native masks only for the detections COCOeval can read (the first
+            # coco.max_per_category of each image and category)
+            dets, native = postprocess_with_coco(
+                inf, **post, mask_method="val", coco_letterbox=letterboxes, max_per_category=coco.max_per_category,
+                category_of=None if coco.category_ids is None else category_groups(coco.category_ids))
+        else:
+            dets = postprocess(inf, **post, mask_method="val")
         t = vb.targets
         gts, outs = [], []
         for b, det in enumerate(_dets_to_host(dets)):
