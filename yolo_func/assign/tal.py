@@ -53,13 +53,33 @@ def _metrics(pred_scores, pred_boxes, anchor_px, targets, *, alpha, beta, eps, e
     return cand, overlaps, align
 
 
-def _topk_positives(align: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor, topk: int) -> torch.Tensor:
-    """bool[B, M, A]: the top-k anchors of every valid target that are also its candidates
-    (before conflict resolution, so each target owns at most ``topk`` anchors)."""
-    k = min(topk, align.shape[-1])
-    idx = torch.topk(align, k, dim=-1, largest=True).indices  # [B, M, k], torch.topk tie order (T9)
-    in_topk = torch.zeros_like(align).scatter(-1, idx, 1.0) > 0
-    return in_topk & cand & valid[:, :, None]
+def _select(cand: torch.Tensor, overlaps: torch.Tensor, align: torch.Tensor, topk: int):
+    """The positives without ``[B, M, A]`` masks: ``(fg bool[B, A], gt_idx int64[B, A])``.
+
+    ``cand`` (which already includes ``valid``), ``overlaps`` and ``align`` are ``[B, M, A]``;
+    besides the top-k itself, the only full passes are one gather of ``cand`` at the top-k
+    indices (``[B, M, k]``) and one argmax over targets. Each target's kept anchors are counted
+    into ``[B, A]`` with one scatter-add that also sums their slots (so an anchor claimed once
+    knows its slot); an anchor claimed more than once goes to ``overlaps.argmax`` over all targets.
+    """
+    B, M, A = align.shape
+    k = min(topk, A)
+    # torch.topk on the same [B, M, A] tensor the dense formulation sorts: the same tie order (T9).
+    idx = torch.topk(align, k, dim=-1, largest=True).indices  # [B, M, k]
+    keep = cand.gather(-1, idx)  # [B, M, k]: in the top-k and a candidate of a valid target
+    # One int64 scatter-add carries both the claim count (bits 32+) and the sum of the claiming
+    # slots (bits 0-31; a sum of distinct slots < M^2 / 2, far below 2^32). topk indices are
+    # distinct within a row, so a target claims an anchor at most once.
+    slots = torch.arange(M, device=idx.device, dtype=torch.int64)[None, :, None]
+    code = torch.where(keep, slots + (1 << 32), 0)
+    acc = torch.zeros(B, A, dtype=torch.int64, device=idx.device).scatter_add_(1, idx.reshape(B, M * k),
+                                                                               code.reshape(B, M * k))
+    count = acc >> 32  # [B, A]
+    # Several claims: the target of largest overlap over all targets (argmax: first maximum,
+    # lowest slot on ties), even one that did not claim the anchor; one claim: that slot.
+    best = overlaps.argmax(1)  # [B, A]
+    gt_idx = torch.where(count > 1, best, acc & 0xFFFFFFFF)  # 0 for unclaimed anchors
+    return count > 0, gt_idx
 
 
 def _background(pred_scores: torch.Tensor, targets: Targets, anchors: Anchors) -> Assignment:
@@ -147,27 +167,26 @@ def assign(
         anchor_px = (anchors.points * anchors.strides).to(pred_boxes.dtype)  # [A, 2]
         cand, overlaps, align = _metrics(pred_scores, pred_boxes, anchor_px, targets, alpha=alpha, beta=beta,
                                          eps=eps, enlarge_to=enlarge_to)
-        pos = _topk_positives(align, cand, targets.valid, topk)  # [B, M, A]
-        # Conflicts: an anchor positive for several targets keeps the one of largest overlap over
-        # all targets (argmax returns the first maximum: lowest slot on ties).
-        multi = pos.sum(1, keepdim=True) > 1  # [B, 1, A]
-        best = overlaps.argmax(1, keepdim=True)  # [B, 1, A]
-        slots = torch.arange(M, device=pos.device)[None, :, None]
-        pos = torch.where(multi, slots == best, pos)
-        fg = pos.any(1)  # [B, A]
-        gt_idx = pos.to(torch.uint8).argmax(1)  # the single positive slot (0 for background)
+        fg, gt_idx = _select(cand, overlaps, align, topk)  # [B, A] each
 
         labels = targets.classes.gather(1, gt_idx).clamp(min=0)  # [B, A]
         target_boxes = targets.boxes.to(pred_boxes.dtype).gather(1, gt_idx[..., None].expand(B, A, 4))
-        # A comparison, not F.one_hot (which validates its input with a host sync on CUDA).
-        one_hot = (labels[..., None] == torch.arange(K, device=labels.device)).to(pred_scores.dtype)
 
+        # Soft scores. A positive anchor has exactly one target g = gt_idx, so the dense
+        # max_j (t * u_max / (t_max + eps)) over masked [B, M, A] metrics is that one term: read t
+        # and u at (g, a), reduce the per-target maxima with one scatter (max is exact in any
+        # order) and read them back at g. Background anchors carry 0 into slot 0, a no-op.
         zero = torch.zeros((), dtype=align.dtype, device=align.device)
-        align = torch.where(pos, align, zero)
-        t_max = align.amax(-1, keepdim=True)  # [B, M, 1]
-        u_max = torch.where(pos, overlaps, zero).amax(-1, keepdim=True)
-        norm = (align * u_max / (t_max + eps)).amax(1)  # [B, A]
-        target_scores = torch.where(fg[..., None], one_hot * norm[..., None], zero)
+        g = gt_idx[:, None, :]  # [B, 1, A]
+        tu = torch.where(fg[..., None], torch.stack((align.gather(1, g)[:, 0], overlaps.gather(1, g)[:, 0]), -1),
+                         zero)  # [B, A, 2]: (t, u) at the assigned target
+        g2 = gt_idx[..., None].expand(B, A, 2)
+        tu_max = torch.zeros(B, M, 2, dtype=tu.dtype, device=tu.device).scatter_reduce(1, g2, tu, "amax")
+        tu_max = tu_max.gather(1, g2)  # [B, A, 2]: (t_max, u_max) of the assigned target
+        norm = tu[..., 0] * tu_max[..., 1] / (tu_max[..., 0] + eps)  # [B, A], 0 for background
+        # A comparison, not F.one_hot (which validates its input with a host sync on CUDA).
+        hit = labels[..., None] == torch.arange(K, device=labels.device)
+        target_scores = torch.where(hit, norm[..., None], zero)
     return Assignment(fg, gt_idx, target_boxes, target_scores, anchors)
 
 
