@@ -6,6 +6,10 @@ enlarged to 16 px for the in-box test only, the in-box test is strict (``> 1e-9`
 CIoU clamped at 0, top-k runs over all levels on a ``[B, M, A]`` layout, conflicts go to the
 target of largest overlap among all in-box targets, and the class targets are soft.
 
+The selection after the metrics is "lean" (issue 17): it never materialises ``[B, M, A]`` masks;
+the dense transcription it replaced lives on, frozen, in :mod:`yolo_func.assign.tal_dense` as the
+second implementation the tests compare against bit for bit.
+
 Everything is batched over images and targets: no host synchronisation, no data-dependent
 shapes, no Python loops over images or boxes. Padding rows (``valid=False``) are inert.
 """
@@ -118,6 +122,26 @@ def assign(
 
     Shapes are static: with M = 0 every anchor is background. Padded rows (``valid=False``) never
     produce positives and never change the result.
+
+    Tie rules (the same as the dense formulation, :func:`yolo_func.assign.tal_dense.assign_dense`,
+    which this function equals bit for bit on finite inputs; ``tests/assign/test_tal_lean.py``):
+
+    - **top-k ties** (equal ``t``, e.g. the zero-metric anchors that fill the top-k of a target with
+      fewer than ``topk`` candidates of ``t > 0``, trap T9): whichever anchors ``torch.topk``
+      returns for the ``float[B, M, A]`` metric on this device — the call and its input are the
+      dense formulation's, so ties fall identically. The order is not "lowest index first" (torch
+      2.13, CPU: ten of 100 zero metrics come back as anchors 69, 63, 64, ...) and differs between
+      devices; the reference makes the same call on the same layout.
+    - **multi-match ties** (an anchor claimed by several targets whose overlaps are equal): the
+      lowest target slot (``argmax`` over the slot axis returns the first maximum).
+
+    How (issue 17): after the ``[B, M, A]`` metrics, the selection touches ``[B, M, A]`` only in the
+    top-k, one argmax over slots and three gathers of ``A`` points; the positives are kept as
+    ``[B, M, k]`` top-k indices, counted per anchor with one int64 scatter-add (claim count and
+    slot sum), and the soft-score maxima per target come from one scatter over ``[B, M, 2]`` — no
+    ``[B, M, A]`` masks or one-hots. Every tensor keeps a static shape and nothing syncs with the
+    host, so the call can be captured in a CUDA graph; ``torch.compile`` (inductor) fuses the
+    metrics into one kernel (it then agrees with eager to float32 rounding, not bit for bit).
 
     Args:
       pred_scores: float[B, A, K] class probabilities (``sigmoid`` of the logits), detached.
