@@ -9,6 +9,9 @@ Variants (``--variants``):
 
 - ``dense``: ``yolo_func.assign.tal_dense.assign_dense``, the assigner before issue 17;
 - ``lean``: ``yolo_func.assign.assign`` (the default), bitwise equal to ``dense``;
+- ``dense_select`` / ``lean_select``: the same two with the metrics (in-box test, CIoU,
+  alignment; shared and identical) precomputed, i.e. the selection alone (top-k, conflicts,
+  targets, soft scores): what the lean formulation changes;
 - ``lean_compiled`` / ``dense_compiled``: ``torch.compile(..., backend="inductor")`` of either
   (compile time reported; their floats may differ from eager in the last bits, so they are timed,
   not used by default).
@@ -39,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from yolo_func._types import Targets  # noqa: E402
 from yolo_func.assign import assign, make_anchors  # noqa: E402
+from yolo_func.assign import tal, tal_dense  # noqa: E402
 from yolo_func.assign.tal_dense import assign_dense  # noqa: E402
 from yolo_func.testing import count_aten_ops  # noqa: E402
 
@@ -61,6 +65,24 @@ def make_inputs(batch: int, m: int, size: int, num_classes: int, device: str, se
     targets = Targets(gt.to(device), classes.to(device), valid.to(device))
     anchors = type(anchors)(anchors.points.to(device), anchors.strides.to(device))
     return scores.to(device), boxes.to(device), anchors, targets
+
+
+def selection_only(module, fn, inputs):
+    """``fn`` with ``module._metrics`` replaced by its precomputed result (the selection alone)."""
+    scores, boxes, anchors, targets = inputs
+    px = (anchors.points * anchors.strides).to(boxes.dtype)
+    with torch.no_grad():
+        pre = module._metrics(scores, boxes, px, targets, alpha=0.5, beta=6.0, eps=1e-9, enlarge_to=16.0)
+
+    def run(*args, **kw):
+        real = module._metrics
+        module._metrics = lambda *a, **k: pre
+        try:
+            return fn(*args, **kw)
+        finally:
+            module._metrics = real
+
+    return run
 
 
 def _bits_equal(a, b) -> bool:
@@ -128,7 +150,7 @@ def main(argv=None):
     p.add_argument("--m", type=int, default=32, help="padded targets per image (M)")
     p.add_argument("--size", type=int, default=640)
     p.add_argument("--classes", type=int, default=80)
-    p.add_argument("--variants", default="dense,lean,lean_compiled,dense_compiled")
+    p.add_argument("--variants", default="dense,lean,dense_select,lean_select,lean_compiled,dense_compiled")
     p.add_argument("--modes", default=None, help="eager[,graph]; default eager,graph on CUDA, eager on CPU")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--iters", type=int, default=None)
@@ -156,7 +178,10 @@ def main(argv=None):
         inputs = make_inputs(batch, args.m, args.size, args.classes, dev)
         ref = assign_dense(*inputs)
         for name in args.variants.split(","):
-            fn = fns[name]
+            if name.endswith("_select"):
+                fn = selection_only(tal_dense if name == "dense_select" else tal, fns[name[:-len("_select")]], inputs)
+            else:
+                fn = fns[name]
             row = {"batch": batch, "variant": name, "A": int(inputs[2].points.shape[0])}
             if name.endswith("_compiled"):
                 _sync(dev)

@@ -189,3 +189,37 @@ def test_inductor_compiles_the_lean_assigner():
     for name in ("fg_mask", "gt_idx", "target_boxes"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     torch.testing.assert_close(got.target_scores, want.target_scores, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.cuda
+def test_lean_equals_dense_on_cuda_at_640_and_under_graph_replay():
+    """On the GPU: bitwise equal to the dense assigner at training size (the scatters and the
+    argmax run as CUDA kernels there), and a CUDA-graph replay reproduces the eager call."""
+    dev = "cuda"
+    anchors = make_anchors([(80, 80), (40, 40), (20, 20)], (8, 16, 32))
+    g = torch.Generator().manual_seed(3)
+    B, M, K, A = 8, 32, 80, 8400
+    px = anchors.points * anchors.strides
+    half = torch.rand(B, A, 2, generator=g) * 60 + 4
+    pred_boxes = (torch.cat((px - half, px + half), -1) + torch.randn(B, A, 4, generator=g) * 4).to(dev)
+    scores = torch.rand(B, A, K, generator=g).pow(4).to(dev)
+    scores[:, ::7] = 0.0  # zero-metric ties
+    wh = torch.rand(B, M, 2, generator=g) * 250 + 2
+    xy = torch.rand(B, M, 2, generator=g) * (640 - wh)
+    valid = torch.arange(M)[None] < torch.randint(0, 21, (B, 1), generator=g)
+    targets = Targets(torch.cat((xy, xy + wh), -1).to(dev), torch.randint(0, K, (B, M), generator=g).to(dev), valid.to(dev))
+    anchors = type(anchors)(anchors.points.to(dev), anchors.strides.to(dev))
+    new, old = assign(scores, pred_boxes, anchors, targets), assign_dense(scores, pred_boxes, anchors, targets)
+    assert new.fg_mask.any()
+    assert_bitwise_equal(new, old, targets)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assign(scores, pred_boxes, anchors, targets)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = assign(scores, pred_boxes, anchors, targets)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, new, targets)
