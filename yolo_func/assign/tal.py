@@ -6,6 +6,10 @@ enlarged to 16 px for the in-box test only, the in-box test is strict (``> 1e-9`
 CIoU clamped at 0, top-k runs over all levels on a ``[B, M, A]`` layout, conflicts go to the
 target of largest overlap among all in-box targets, and the class targets are soft.
 
+The selection after the metrics is "lean" (issue 17): it never materialises ``[B, M, A]`` masks;
+the dense transcription it replaced lives on, frozen, in :mod:`yolo_func.assign.tal_dense` as the
+second implementation the tests compare against bit for bit.
+
 Everything is batched over images and targets: no host synchronisation, no data-dependent
 shapes, no Python loops over images or boxes. Padding rows (``valid=False``) are inert.
 """
@@ -53,13 +57,33 @@ def _metrics(pred_scores, pred_boxes, anchor_px, targets, *, alpha, beta, eps, e
     return cand, overlaps, align
 
 
-def _topk_positives(align: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor, topk: int) -> torch.Tensor:
-    """bool[B, M, A]: the top-k anchors of every valid target that are also its candidates
-    (before conflict resolution, so each target owns at most ``topk`` anchors)."""
-    k = min(topk, align.shape[-1])
-    idx = torch.topk(align, k, dim=-1, largest=True).indices  # [B, M, k], torch.topk tie order (T9)
-    in_topk = torch.zeros_like(align).scatter(-1, idx, 1.0) > 0
-    return in_topk & cand & valid[:, :, None]
+def _select(cand: torch.Tensor, overlaps: torch.Tensor, align: torch.Tensor, topk: int):
+    """The positives without ``[B, M, A]`` masks: ``(fg bool[B, A], gt_idx int64[B, A])``.
+
+    ``cand`` (which already includes ``valid``), ``overlaps`` and ``align`` are ``[B, M, A]``;
+    besides the top-k itself, the only full passes are one gather of ``cand`` at the top-k
+    indices (``[B, M, k]``) and one argmax over targets. Each target's kept anchors are counted
+    into ``[B, A]`` with one scatter-add that also sums their slots (so an anchor claimed once
+    knows its slot); an anchor claimed more than once goes to ``overlaps.argmax`` over all targets.
+    """
+    B, M, A = align.shape
+    k = min(topk, A)
+    # torch.topk on the same [B, M, A] tensor the dense formulation sorts: the same tie order (T9).
+    idx = torch.topk(align, k, dim=-1, largest=True).indices  # [B, M, k]
+    keep = cand.gather(-1, idx)  # [B, M, k]: in the top-k and a candidate of a valid target
+    # One int64 scatter-add carries both the claim count (bits 32+) and the sum of the claiming
+    # slots (bits 0-31; a sum of distinct slots < M^2 / 2, far below 2^32). topk indices are
+    # distinct within a row, so a target claims an anchor at most once.
+    slots = torch.arange(M, device=idx.device, dtype=torch.int64)[None, :, None]
+    code = torch.where(keep, slots + (1 << 32), 0)
+    acc = torch.zeros(B, A, dtype=torch.int64, device=idx.device).scatter_add_(1, idx.reshape(B, M * k),
+                                                                               code.reshape(B, M * k))
+    count = acc >> 32  # [B, A]
+    # Several claims: the target of largest overlap over all targets (argmax: first maximum,
+    # lowest slot on ties), even one that did not claim the anchor; one claim: that slot.
+    best = overlaps.argmax(1)  # [B, A]
+    gt_idx = torch.where(count > 1, best, acc & 0xFFFFFFFF)  # 0 for unclaimed anchors
+    return count > 0, gt_idx
 
 
 def _background(pred_scores: torch.Tensor, targets: Targets, anchors: Anchors) -> Assignment:
@@ -98,6 +122,26 @@ def assign(
 
     Shapes are static: with M = 0 every anchor is background. Padded rows (``valid=False``) never
     produce positives and never change the result.
+
+    Tie rules (the same as the dense formulation, :func:`yolo_func.assign.tal_dense.assign_dense`,
+    which this function equals bit for bit on finite inputs; ``tests/assign/test_tal_lean.py``):
+
+    - **top-k ties** (equal ``t``, e.g. the zero-metric anchors that fill the top-k of a target with
+      fewer than ``topk`` candidates of ``t > 0``, trap T9): whichever anchors ``torch.topk``
+      returns for the ``float[B, M, A]`` metric on this device — the call and its input are the
+      dense formulation's, so ties fall identically. The order is not "lowest index first" (torch
+      2.13, CPU: ten of 100 zero metrics come back as anchors 69, 63, 64, ...) and differs between
+      devices; the reference makes the same call on the same layout.
+    - **multi-match ties** (an anchor claimed by several targets whose overlaps are equal): the
+      lowest target slot (``argmax`` over the slot axis returns the first maximum).
+
+    How (issue 17): after the ``[B, M, A]`` metrics, the selection touches ``[B, M, A]`` only in the
+    top-k, one argmax over slots and three gathers of ``A`` points; the positives are kept as
+    ``[B, M, k]`` top-k indices, counted per anchor with one int64 scatter-add (claim count and
+    slot sum), and the soft-score maxima per target come from one scatter over ``[B, M, 2]`` — no
+    ``[B, M, A]`` masks or one-hots. Every tensor keeps a static shape and nothing syncs with the
+    host, so the call can be captured in a CUDA graph; ``torch.compile`` (inductor) fuses the
+    metrics into one kernel (it then agrees with eager to float32 rounding, not bit for bit).
 
     Args:
       pred_scores: float[B, A, K] class probabilities (``sigmoid`` of the logits), detached.
@@ -147,27 +191,26 @@ def assign(
         anchor_px = (anchors.points * anchors.strides).to(pred_boxes.dtype)  # [A, 2]
         cand, overlaps, align = _metrics(pred_scores, pred_boxes, anchor_px, targets, alpha=alpha, beta=beta,
                                          eps=eps, enlarge_to=enlarge_to)
-        pos = _topk_positives(align, cand, targets.valid, topk)  # [B, M, A]
-        # Conflicts: an anchor positive for several targets keeps the one of largest overlap over
-        # all targets (argmax returns the first maximum: lowest slot on ties).
-        multi = pos.sum(1, keepdim=True) > 1  # [B, 1, A]
-        best = overlaps.argmax(1, keepdim=True)  # [B, 1, A]
-        slots = torch.arange(M, device=pos.device)[None, :, None]
-        pos = torch.where(multi, slots == best, pos)
-        fg = pos.any(1)  # [B, A]
-        gt_idx = pos.to(torch.uint8).argmax(1)  # the single positive slot (0 for background)
+        fg, gt_idx = _select(cand, overlaps, align, topk)  # [B, A] each
 
         labels = targets.classes.gather(1, gt_idx).clamp(min=0)  # [B, A]
         target_boxes = targets.boxes.to(pred_boxes.dtype).gather(1, gt_idx[..., None].expand(B, A, 4))
-        # A comparison, not F.one_hot (which validates its input with a host sync on CUDA).
-        one_hot = (labels[..., None] == torch.arange(K, device=labels.device)).to(pred_scores.dtype)
 
+        # Soft scores. A positive anchor has exactly one target g = gt_idx, so the dense
+        # max_j (t * u_max / (t_max + eps)) over masked [B, M, A] metrics is that one term: read t
+        # and u at (g, a), reduce the per-target maxima with one scatter (max is exact in any
+        # order) and read them back at g. Background anchors carry 0 into slot 0, a no-op.
         zero = torch.zeros((), dtype=align.dtype, device=align.device)
-        align = torch.where(pos, align, zero)
-        t_max = align.amax(-1, keepdim=True)  # [B, M, 1]
-        u_max = torch.where(pos, overlaps, zero).amax(-1, keepdim=True)
-        norm = (align * u_max / (t_max + eps)).amax(1)  # [B, A]
-        target_scores = torch.where(fg[..., None], one_hot * norm[..., None], zero)
+        g = gt_idx[:, None, :]  # [B, 1, A]
+        tu = torch.where(fg[..., None], torch.stack((align.gather(1, g)[:, 0], overlaps.gather(1, g)[:, 0]), -1),
+                         zero)  # [B, A, 2]: (t, u) at the assigned target
+        g2 = gt_idx[..., None].expand(B, A, 2)
+        tu_max = torch.zeros(B, M, 2, dtype=tu.dtype, device=tu.device).scatter_reduce(1, g2, tu, "amax")
+        tu_max = tu_max.gather(1, g2)  # [B, A, 2]: (t_max, u_max) of the assigned target
+        norm = tu[..., 0] * tu_max[..., 1] / (tu_max[..., 0] + eps)  # [B, A], 0 for background
+        # A comparison, not F.one_hot (which validates its input with a host sync on CUDA).
+        hit = labels[..., None] == torch.arange(K, device=labels.device)
+        target_scores = torch.where(hit, norm[..., None], zero)
     return Assignment(fg, gt_idx, target_boxes, target_scores, anchors)
 
 
