@@ -543,6 +543,8 @@ class _Selected(NamedTuple):
 
 
 def _check_letterbox(inference, mask_method, letterbox) -> None:
+    if not hasattr(inference, "y"):  # not an Inference: _select names the problem (TypeError)
+        return
     B = inference.y.shape[0]
     if letterbox is not None and len(letterbox) != B:
         raise ValueError(f"[yolo_func] postprocess: letterbox must hold one Letterbox per image ({B}), got {len(letterbox)}")
