@@ -262,6 +262,19 @@ def _eval64(value: ScalarOrSchedule, step: torch.Tensor) -> torch.Tensor | float
     return out.to(device=step.device, dtype=torch.float64)
 
 
+def finite_scalar(x: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite(x)`` for a floating tensor as ``(x - x) == 0``: two kernels where
+    ``isfinite`` dispatches four (``abs``, ``ne``, ``eq``, ``mul``). The same booleans: ``x - x`` is
+    exactly 0 for every finite ``x`` and NaN for ``±inf`` and NaN.
+
+    Example:
+      >>> import torch
+      >>> finite_scalar(torch.tensor([1.0, float("inf"), float("nan"), -0.0])).tolist()
+      [True, False, False, True]
+    """
+    return (x - x) == 0
+
+
 def _as_leaf_scalar(x: torch.Tensor | float, like: list[torch.Tensor]) -> torch.Tensor | float:
     """Cast a float64 device scalar to the leaves' dtype (floats pass through)."""
     if isinstance(x, torch.Tensor) and like:

@@ -48,6 +48,7 @@ from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_if_finite, apply_updates, flat, global_norm
+from yolo_func.optim.base import finite_scalar
 from yolo_func.structures.checks import check_batch
 from yolo_func.train.state import Batch, TrainState
 
@@ -322,7 +323,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     guard = apply_if_finite(tx, enabled=skip_nonfinite)
     # The guard's own check is isfinite(gnorm): it reuses this norm (no second pass over the
     # gradients). Without the guard the veto must carry the gradient check itself.
-    veto = torch.isfinite(total) if skip_nonfinite else torch.isfinite(total) & torch.isfinite(gnorm)
+    veto = finite_scalar(total) if skip_nonfinite else finite_scalar(total) & finite_scalar(gnorm)
     updates, opt_state = guard.update(grads, ts.opt_state, ts.params, finite=veto, grad_norm=gnorm)
     finite = opt_state.notfinite_count == 0  # the wrapper's verdict (the veto AND its own gradient check)
     if skip_nonfinite:
@@ -338,7 +339,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     # step: a copy, so a captured step's metric is not the carry buffer it later overwrites
     metrics.update(loss=total, grad_norm=gnorm, finite=finite, stepped=stepped.clone(), step=ts.step.clone())
     new_ts = TrainState(params, new_model_state, opt_state, ema_state, ts.step + 1,
-                        ts.skipped + (~finite).to(ts.skipped.dtype))
+                        ts.skipped + ~finite)  # int64 + bool: one add, no cast
     return new_ts, metrics
 
 

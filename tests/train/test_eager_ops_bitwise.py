@@ -1,0 +1,104 @@
+"""Bitwise before/after tests for the eager-step op cuts of issue 17 item 4 (second pass).
+
+Each restructured function is compared with a copy of its previous body kept here: the same
+values bit for bit (``torch.equal`` on the raw values, dtypes and shapes included), on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from yolo_func.optim import interp_warmup, schedule_memo, yolo_schedules
+from yolo_func.optim.base import finite_scalar
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        width = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+                 torch.bfloat16: torch.int16}[a.dtype]
+        return torch.equal(a.view(width), b.view(width))
+    return torch.equal(a, b)
+
+
+# -- interp_warmup: Python floats stay Python floats (before: one fill kernel per constant) ------
+
+def _old_as64(x, device=None):
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype=torch.float64)
+    return torch.full((), float(x), dtype=torch.float64, device=device)
+
+
+def _old_interp_warmup(x, end, start_value, end_value):
+    xf = _old_as64(x)
+    y0 = _old_as64(start_value, xf.device)
+    y1 = _old_as64(end_value, xf.device)
+    slope = (y1 - y0) / max(end, 1)
+    return torch.where(xf == end, y1, slope * xf + y0)
+
+
+@pytest.mark.parametrize("end", [0, 1, 3, 7, 300, 1000, 4917])
+@pytest.mark.parametrize("values", [(0.0, 0.01), (0.1, 0.01), (0.8, 0.937), (1.0, 8.0), (1.0, 1.0), (0.0, 0.0),
+                                    (0.1, 0.0123456789), (3.3e-5, 7.1e-3)])
+@pytest.mark.parametrize("as_tensor", ["none", "start", "end", "both"])
+def test_interp_warmup_is_bitwise_the_old_one(end, values, as_tensor):
+    y0, y1 = values
+    f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    a = f64(y0) if as_tensor in ("start", "both") else y0
+    b = f64(y1) if as_tensor in ("end", "both") else y1
+    for x in sorted({0, 1, 2, end // 3, end // 2, max(end - 1, 0), end}):
+        for xt in (torch.tensor(x), torch.tensor(float(x), dtype=torch.float64), torch.tensor(float(x))):
+            new, old = interp_warmup(xt, end, a, b), _old_interp_warmup(xt, end, a, b)
+            assert _bits_equal(new, old), (x, end, values, as_tensor, new.item(), old.item())
+
+
+def test_yolo_schedules_are_bitwise_the_old_ones_over_warmup_and_after():
+    """lr per group, momentum and accumulate from yolo_schedules, inside and outside schedule_memo
+    (which now also shares the step's float64 conversion), against the old formulas."""
+    nb, epochs, nw_epochs = 37, 5, 3.0
+    s = yolo_schedules(lr0=0.01, lrf=0.01, momentum=0.937, warmup_momentum=0.8, warmup_bias_lr=0.1,
+                       warmup_epochs=nw_epochs, epochs=epochs, batches_per_epoch=nb, nominal_accumulate=8)
+    nw = s.warmup_iters
+    assert nw == round(nw_epochs * nb)
+
+    def old(ni):
+        epoch = torch.div(ni, nb, rounding_mode="floor")
+        e = _old_as64(epoch)
+        tgt = 0.01 * (torch.clamp(1 - e / epochs, min=0.0) * (1.0 - 0.01) + 0.01)
+        lr_w = torch.where(ni <= nw, _old_interp_warmup(ni, nw, 0.0, tgt), tgt)
+        lr_b = torch.where(ni <= nw, _old_interp_warmup(ni, nw, 0.1, tgt), tgt)
+        m = torch.full((), 0.937, dtype=torch.float64)
+        mom = torch.where(ni <= nw, _old_interp_warmup(ni, nw, 0.8, m), m)
+        warm = torch.clamp(torch.round(_old_interp_warmup(ni, nw, 1.0, 8.0)), min=1.0)
+        acc = torch.where(ni <= nw, warm.to(torch.int64), torch.full((), 8, dtype=torch.int64))
+        return lr_w, lr_b, mom, acc
+
+    for i in list(range(0, nw + 3)) + [nb * epochs - 1, nb * epochs]:
+        ni = torch.tensor(i)
+        for memo in (False, True):
+            if memo:
+                with schedule_memo():
+                    got = (s.lr["decay"](ni), s.lr["bias"](ni), s.momentum(ni), s.accumulate(ni))
+            else:
+                got = (s.lr["decay"](ni), s.lr["bias"](ni), s.momentum(ni), s.accumulate(ni))
+            for g, o in zip(got, old(ni)):
+                assert _bits_equal(g, o), (i, memo, g, o)
+
+
+# -- finite_scalar: two kernels instead of isfinite's four ----------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_finite_scalar_is_isfinite(dtype):
+    info = torch.finfo(dtype)
+    vals = [0.0, -0.0, 1.0, -1.5, info.max, -info.max, info.tiny, info.tiny / 4, -info.tiny / 8, info.eps,
+            math.inf, -math.inf, math.nan, 65504.0 if dtype == torch.float16 else 1e30]
+    x = torch.tensor(vals, dtype=dtype)
+    assert torch.equal(finite_scalar(x), torch.isfinite(x))
+    for v in x:  # 0-dim, as the step's loss and gradient norm are
+        assert torch.equal(finite_scalar(v), torch.isfinite(v))
+    r = torch.randn(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype) * 1e4
+    assert torch.equal(finite_scalar(r), torch.isfinite(r))
