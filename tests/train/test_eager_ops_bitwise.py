@@ -102,3 +102,93 @@ def test_finite_scalar_is_isfinite(dtype):
         assert torch.equal(finite_scalar(v), torch.isfinite(v))
     r = torch.randn(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype) * 1e4
     assert torch.equal(finite_scalar(r), torch.isfinite(r))
+
+
+# -- ciou._forward: split / unbind instead of slices / selects --------------------------------------
+
+def _old_ciou_forward(p, q, eps):
+    K = 4 / math.pi**2
+    p1, p2 = p[..., :2], p[..., 2:]
+    q1, q2 = q[..., :2], q[..., 2:]
+    wh1, wh2 = p2 - p1, q2 - q1
+    w1, h1 = wh1[..., 0], wh1[..., 1] + eps
+    w2, h2 = wh2[..., 0], wh2[..., 1] + eps
+    iwh_raw = torch.minimum(p2, q2) - torch.maximum(p1, q1)
+    iwh = iwh_raw.clamp(min=0)
+    inter = iwh[..., 0] * iwh[..., 1]
+    union = w1 * h1 + w2 * h2 - inter + eps
+    iou = inter / union
+    cwh = torch.maximum(p2, q2) - torch.minimum(p1, q1)
+    cwh2 = cwh.pow(2)
+    c2 = cwh2[..., 0] + cwh2[..., 1] + eps
+    d = q1 + q2 - p1 - p2
+    d2 = d.pow(2)
+    rho2 = (d2[..., 0] + d2[..., 1]) / 4
+    r1 = w1 / h1
+    da = torch.atan(w2 / h2) - torch.atan(r1)
+    v = K * da.pow(2)
+    alpha = v / (v - iou + (1 + eps))
+    out = iou - (rho2 / c2 + v * alpha)
+    return out, (p1, p2, q1, q2, w1, h1, iwh_raw, iwh, union, iou, cwh, c2, d, rho2, r1, da, alpha)
+
+
+def _random_boxes(gen, shape, dtype):
+    xy = torch.rand(*shape, 2, generator=gen, dtype=torch.float64) * 40
+    wh = torch.rand(*shape, 2, generator=gen, dtype=torch.float64) * 20
+    wh[..., :3, :] = 0.0  # degenerate boxes (zero width / height)
+    return torch.cat((xy, xy + wh), -1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["pairs", "broadcast"])
+def test_ciou_forward_and_saved_tensors_are_bitwise_the_old_ones(dtype, layout):
+    """The backward is a function of the saved tensors only: equal saved tensors give equal grads."""
+    from yolo_func.structures.ciou import _forward, ciou
+
+    gen = torch.Generator().manual_seed(3)
+    if layout == "pairs":  # the loss: [B, A, 4] against [B, A, 4]
+        p, q = _random_boxes(gen, (2, 37), dtype), _random_boxes(gen, (2, 37), dtype)
+        q[0, 5:9] = p[0, 5:9]  # identical boxes: ties in min / max
+    else:  # the assigner: [B, M, 1, 4] against [B, 1, A, 4]
+        p, q = _random_boxes(gen, (2, 5, 1), dtype), _random_boxes(gen, (2, 1, 41), dtype)
+    new_out, new_saved = _forward(p, q, 1e-7)
+    old_out, old_saved = _old_ciou_forward(p, q, 1e-7)
+    assert _bits_equal(new_out, old_out)
+    for a, b in zip(new_saved, old_saved, strict=True):
+        assert _bits_equal(a, b) and a.stride() == b.stride()
+    pr = p.clone().requires_grad_(True)
+    out = ciou(pr, q)
+    assert _bits_equal(out.detach(), old_out)
+
+
+# -- dfl_loss: both neighbouring bins in one gather --------------------------------------------------
+
+def _old_dfl_loss(box_dist, target, reg_max=16):
+    logp = box_dist.reshape(*box_dist.shape[:-1], 4, reg_max).log_softmax(-1)
+    t = target.detach().clamp(0, reg_max - 1 - 0.01)
+    tl = t.floor()
+    wl = tl + 1 - t
+    wr = 1 - wl
+    idx = tl.long().unsqueeze(-1)
+    lp_l = logp.gather(-1, idx).squeeze(-1)
+    lp_r = logp.gather(-1, idx + 1).squeeze(-1)
+    return -(lp_l * wl + lp_r * wr).mean(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dfl_loss_value_and_gradient_are_bitwise_the_old_ones(dtype):
+    from yolo_func.losses import dfl_loss
+
+    gen = torch.Generator().manual_seed(5)
+    logits = (torch.randn(2, 53, 64, generator=gen, dtype=torch.float64) * 3).to(dtype)
+    target = (torch.rand(2, 53, 4, generator=gen, dtype=torch.float64) * 17 - 0.5).to(dtype)
+    target[0, :4] = torch.tensor([0.0, 14.99, 15.0, 3.0], dtype=dtype)  # edges and exact bins
+    w = torch.rand(2, 53, generator=gen, dtype=torch.float64).to(dtype)
+    grads = []
+    for fn in (dfl_loss, _old_dfl_loss):
+        x = logits.clone().requires_grad_(True)
+        val = fn(x, target)
+        (g,) = torch.autograd.grad((val * w).sum(), x)
+        grads.append((val.detach(), g))
+    assert _bits_equal(grads[0][0], grads[1][0])
+    assert _bits_equal(grads[0][1], grads[1][1])

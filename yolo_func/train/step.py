@@ -225,7 +225,8 @@ def loss_grad(head, preds: Any, targets: Any, assignment: Assignment):
         loss, parts = head.loss(pr, targets, assignment)
     grads = torch.autograd.grad(loss, xs, allow_unused=True)
     g_preds = T.tree_unflatten(treedef, [torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads)])
-    loss, parts = loss.detach(), {k: v.detach() for k, v in parts.items()}
+    # Parts a loss already detached are kept as they are (no second detach op).
+    loss, parts = loss.detach(), {k: v.detach() if v.requires_grad else v for k, v in parts.items()}
     # The head's backward sees each cotangent in its prediction's layout: a captured head replays
     # its backward on cotangent buffers laid out like its outputs, and BN/conv backward kernels
     # (and their reduction order) depend on the layout — e.g. the mask loss returns an NCHW
