@@ -192,3 +192,52 @@ def test_dfl_loss_value_and_gradient_are_bitwise_the_old_ones(dtype):
         grads.append((val.detach(), g))
     assert _bits_equal(grads[0][0], grads[1][0])
     assert _bits_equal(grads[0][1], grads[1][1])
+
+
+# -- func.cat: one split in the backward instead of a slice per input -------------------------------
+
+def test_cat_forward_and_vjp_are_bitwise_torch_cat():
+    from torch.func import vjp
+
+    from yolo_func.func import cat
+
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, c, 5, 3, generator=gen) for c in (3, 1, 4)]
+    w = torch.randn(2, 8, 5, 3, generator=gen)
+    for dim, ys in ((1, xs), (-1, [x.transpose(1, 3).contiguous()[:, :, :, :2] for x in xs[:1]] * 2)):
+        new = vjp(lambda *a: (cat(a, dim) * 3).sin(), *ys)
+        old = vjp(lambda *a: (torch.cat(a, dim) * 3).sin(), *ys)
+        assert _bits_equal(new[0], old[0])
+        g = torch.randn(new[0].shape, generator=gen)
+        for a, b in zip(new[1](g), old[1](g), strict=True):
+            assert _bits_equal(a, b) and a.stride() == b.stride()
+    xs16 = [xs[0].to(torch.bfloat16).requires_grad_(True), xs[1].requires_grad_(True)]
+    y = cat(xs16, 1)  # mixed dtypes: promoted forward, each gradient in its input's dtype
+    assert y.dtype == torch.float32
+    ga, gb = torch.autograd.grad(y.sum(), xs16)
+    assert ga.dtype == torch.bfloat16 and gb.dtype == torch.float32
+
+
+@pytest.mark.parametrize("task", ["detect", "segment"])
+def test_train_step_with_func_cat_is_bitwise_the_plain_cat_step(task, monkeypatch):
+    """Two whole eager steps (network, heads, losses, optimizer, EMA) with ``func.cat`` and with
+    plain ``torch.cat``: bit for bit the same state and metrics."""
+    import yolo_func.func as func
+    from yolo_func import yolov8
+    from yolo_func.optim import ema
+    from yolo_func.testing import assert_trees_all_equal
+    from yolo_func.testing.synthetic import synthetic_batch
+    from yolo_func.train import init_train_state, train_step, yolo_sgd
+
+    model = yolov8("n", task=task, num_classes=3)
+    opt = yolo_sgd(batch_size=2, batches_per_epoch=10, epochs=3)
+    e = ema()
+    b = synthetic_batch(task, 2, 64, num_classes=3, max_boxes=4, min_boxes=1, seed=2)
+    runs = []
+    for on in (True, False):
+        monkeypatch.setattr(func, "_CAT_FUNCTION", on)
+        ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), ema=e)
+        for _ in range(2):
+            ts, m = train_step(ts, b, model=model, tx=opt.tx, ema=e)
+        runs.append((ts, m))
+    assert_trees_all_equal(runs[0], runs[1], strict=True)
