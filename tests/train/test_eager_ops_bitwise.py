@@ -241,3 +241,35 @@ def test_train_step_with_func_cat_is_bitwise_the_plain_cat_step(task, monkeypatc
             ts, m = train_step(ts, b, model=model, tx=opt.tx, ema=e)
         runs.append((ts, m))
     assert_trees_all_equal(runs[0], runs[1], strict=True)
+
+
+# -- anchors_for_feats: memoised per shapes, device and dtype --------------------------------------
+
+def test_anchors_memo_gives_the_fresh_values_and_reuses_them(monkeypatch):
+    import yolo_func.assign.anchors as anchors_mod
+    from yolo_func.assign import anchors_for_feats, make_anchors
+
+    monkeypatch.setattr(anchors_mod, "_MEMO", {})
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        feats = [torch.zeros(2, 4, h, w, dtype=dtype) for h, w in ((40, 24), (20, 12), (10, 6))]
+        a = anchors_for_feats(feats, (8, 16, 32))
+        fresh = make_anchors([(40, 24), (20, 12), (10, 6)], (8, 16, 32), dtype=dtype)
+        assert _bits_equal(a.points, fresh.points) and _bits_equal(a.strides, fresh.strides)
+        assert anchors_for_feats(feats, (8, 16, 32)) is a  # memoised
+        with torch.inference_mode():
+            b = anchors_for_feats(feats, (8, 16, 32))
+        assert b is not a and b.points.is_inference() and not a.points.is_inference()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # never memoised while tracing
+    feats = [torch.zeros(1, 1, 4, 4)]
+    assert anchors_for_feats(feats, (8,)) is not anchors_for_feats(feats, (8,))
+    monkeypatch.undo()
+
+
+def test_anchors_memo_is_bounded(monkeypatch):
+    import yolo_func.assign.anchors as anchors_mod
+    from yolo_func.assign import anchors_for_feats
+
+    monkeypatch.setattr(anchors_mod, "_MEMO", {})
+    for s in range(1, 3 * anchors_mod._MEMO_SIZE):
+        anchors_for_feats([torch.zeros(1, 1, s, s)], (8,))
+    assert len(anchors_mod._MEMO) == anchors_mod._MEMO_SIZE
