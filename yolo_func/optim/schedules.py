@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from yolo_func.optim.base import GradientTransformation, Schedule
+from yolo_func.optim.base import _SCHEDULE_MEMO, GradientTransformation, Schedule
 
 __all__ = [
     "linear_lf",
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # id(memoized schedule), id(step) -> (step, value); None outside schedule_memo()
-_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("yolo_func_schedule_memo", default=None)
+_MEMO = _SCHEDULE_MEMO  # lives in optim.base, which also memoises the leaf-dtype casts of schedule values
 
 
 @contextlib.contextmanager
