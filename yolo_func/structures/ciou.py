@@ -119,6 +119,8 @@ def ciou(pred: torch.Tensor, target: torch.Tensor, *, eps: float = 1e-7) -> torc
     """
     if pred.shape[-1] != 4 or target.shape[-1] != 4:
         raise ValueError(f"[yolo_func] ciou: boxes must end in 4, got {tuple(pred.shape)} and {tuple(target.shape)}")
+    if target.requires_grad:  # a constant of the loss (no detach op when it already is one)
+        target = target.detach()
     if not (torch.is_grad_enabled() and pred.requires_grad):
-        return _forward(pred, target.detach(), eps)[0]
-    return _CIoU.apply(pred, target.detach(), eps)[0]
+        return _forward(pred, target, eps)[0]
+    return _CIoU.apply(pred, target, eps)[0]
