@@ -3,6 +3,9 @@
     python benchmarks/eager_ops.py                          # op counts: nano detect, 64 px, batch 2
     python benchmarks/eager_ops.py --time --size 320 --batch 8 --repeats 7   # + median CPU step time
     python benchmarks/eager_ops.py --device cuda --size 640 --batch 4 --bf16 --time --repeats 30   # GPU
+    # side by side with the reference's eager step (needs ``ultralytics``, e.g. the oracle venv):
+    YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(mktemp -d) PYTHONPATH=$PWD /work/oracle-venv/bin/python \
+        benchmarks/eager_ops.py --top 0 --size 320 --batch 8 --time --repeats 9 --reference
 
 The step is :func:`yolo_func.train.train_step` with the reference recipe: ``yolo_sgd(...).tx``
 (clip, three groups of Nesterov SGD, accumulation) and ``ema()``, float32, NCHW on the CPU. Ops are
@@ -11,6 +14,13 @@ that reaches the dispatcher's Python mode, i.e. after functorch's transforms and
 done their work, once per kernel-level call (a ``_foreach_*`` call counts one). Phases are the
 step's pieces run one after the other on the same inputs (network VJP, heads + assignment + losses,
 network pullback, guard + optimizer + EMA).
+
+``--reference`` (with ``--time``) also times the reference package's eager step on the same device,
+batch and size, alternating step by step with ours: ``benchmarks/step.py``'s ``ref_nchw`` closure
+(its model from ``yolov8n.yaml``, its criterion on a batch dict, ``loss.sum().backward()``, Nesterov
+``torch.optim.SGD``, ``zero_grad``; float32 unless ``--bf16``). It does no gradient clipping, no
+EMA and no non-finite guard, which ours does. Its synthetic batch has the same boxes (same seed and
+box counts) converted to the reference's flat form.
 """
 
 from __future__ import annotations
@@ -76,6 +86,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
     ap.add_argument("--bf16", action="store_true", help="BF16 autocast (as benchmarks/step.py's eager variant)")
+    ap.add_argument("--reference", action="store_true",
+                    help="with --time: also time the reference's eager step (benchmarks/step.py's ref_nchw), alternating")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,19 +105,40 @@ def main() -> int:
     for op, n in collections.Counter(total.by_op).most_common(args.top) if args.top else []:
         print(f"  {n:6d}  {op}")
     if args.time:
-        times = []
-        for _ in range(args.repeats + 1):
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
+        ref_run = None
+        if args.reference:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from step import _reference  # noqa: E402  (benchmarks/step.py)
+
+            ref_run = _reference(args.task, args.batch, False, device=args.device, size=args.size, autocast_dtype=ac,
+                                 max_boxes=8, min_boxes=2)
+        sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+
+        def timed(fn):
+            sync()
             t0 = time.perf_counter()
-            ts, m = train_step(ts, b, model=model, tx=tx, ema=e, autocast_dtype=ac)
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        times = times[1:]
-        print(f"\nstep time over {args.repeats} steps ({torch.get_num_threads()} threads): median "
-              f"{1000 * statistics.median(times):.1f} ms, min {1000 * min(times):.1f} ms, "
-              f"all {[round(1000 * t, 1) for t in times]}")
+            fn()
+            sync()
+            return time.perf_counter() - t0
+
+        state = {"ts": ts}
+
+        def ours():
+            state["ts"], _ = train_step(state["ts"], b, model=model, tx=tx, ema=e, autocast_dtype=ac)
+
+        times, ref_times = [], []
+        for _ in range(args.repeats + 1):  # the first of each is a warm-up
+            times.append(timed(ours))
+            if ref_run is not None:
+                ref_times.append(timed(ref_run))
+        rows = [("ours", times[1:])] + ([("reference", ref_times[1:])] if ref_run is not None else [])
+        print(f"\nstep time over {args.repeats} steps ({torch.get_num_threads()} threads"
+              f"{', alternating with the reference' if ref_run is not None else ''}):")
+        for name, ts_ in rows:
+            print(f"  {name:10s} median {1000 * statistics.median(ts_):.1f} ms, min {1000 * min(ts_):.1f} ms, "
+                  f"all {[round(1000 * t, 1) for t in ts_]}")
+        if ref_run is not None:
+            print(f"  ours / reference (medians): {statistics.median(times[1:]) / statistics.median(ref_times[1:]):.3f}")
     return 0
 
 

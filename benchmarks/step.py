@@ -122,7 +122,12 @@ def _floor(task, batch, compiled=None):
     return run
 
 
-def _reference(task, batch, channels_last):
+def _reference(task, batch, channels_last, *, device="cuda", size=640, autocast_dtype=torch.bfloat16,
+               max_boxes=16, min_boxes=4):
+    """The reference's eager step as a ``run()`` closure: its model from the yaml, its criterion on a
+    batch dict (public API only), ``loss.sum().backward()``, ``torch.optim.SGD`` (Nesterov) step,
+    ``zero_grad``. ``device="cpu"`` and ``autocast_dtype=None`` give the CPU float32 step
+    (``benchmarks/eager_ops.py --reference``)."""
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_CONFIG_DIR", "/tmp/ycfg")
     from ultralytics.cfg import get_cfg
@@ -131,17 +136,18 @@ def _reference(task, batch, channels_last):
     cls, yaml, nc = {"detect": (DetectionModel, "yolov8n.yaml", 80), "segment": (SegmentationModel, "yolov8n-seg.yaml", 80),
                      "pose": (PoseModel, "yolov8n-pose.yaml", 1)}[task]
     torch.manual_seed(0)
-    ref = cls(yaml, nc=nc, verbose=False).cuda()
+    ref = cls(yaml, nc=nc, verbose=False).to(device)
     ref.args = get_cfg()
     if channels_last:
         ref = ref.to(memory_format=torch.channels_last)
     ref.train()
     crit = ref.init_criterion()
     opt = torch.optim.SGD(ref.parameters(), lr=0.01, momentum=0.937, nesterov=True)
-    b = synthetic_batch(task, batch, 640, num_classes=nc, max_boxes=16, min_boxes=4, seed=1, device="cuda")
+    b = synthetic_batch(task, batch, size, num_classes=nc, max_boxes=max_boxes, min_boxes=min_boxes, seed=1,
+                        device=device)
     t = b.targets
     bi, j = t.valid.nonzero(as_tuple=True)
-    xyxy = t.boxes[bi, j] / 640
+    xyxy = t.boxes[bi, j] / size
     flat = {
         "batch_idx": bi.float(), "cls": t.classes[bi, j].float()[:, None],
         "bboxes": torch.cat(((xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]), 1),
@@ -151,12 +157,12 @@ def _reference(task, batch, channels_last):
         flat["masks"] = t.masks.float()
     if task == "pose":
         kp = t.keypoints[bi, j].clone()
-        kp[..., :2] /= 640
+        kp[..., :2] /= size
         flat["keypoints"] = kp
     images = b.images.contiguous(memory_format=torch.channels_last) if channels_last else b.images
 
     def run():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             preds = ref(images)
             loss, _ = crit(preds, flat)
         loss.sum().backward()

@@ -10,6 +10,7 @@ Low floor: imports only torch and :mod:`yolo_func.tree`.
 - :func:`flat_vjp`: ``torch.func.vjp`` whose trees cross the transform as flat leaf tuples.
 - :func:`autograd_vjp`: the same contract through ``torch.autograd``, for functions ``torch.func``
   cannot transform (``torch.compile``'d ones: AOTAutograd differentiates them).
+- :func:`cat`: ``torch.cat`` whose backward is one ``split`` instead of one ``slice`` per input.
 
 Example:
   >>> import torch
@@ -32,8 +33,8 @@ from torch.func import vjp
 
 from yolo_func import tree as T
 
-__all__ = ["autocast", "autocast_dtype", "autograd_vjp", "dynamo_imported", "eval_autocast_dtype", "first_order", "flat_vjp",
-           "vjp_through_autograd"]
+__all__ = ["autocast", "autocast_dtype", "autograd_vjp", "cat", "dynamo_imported", "eval_autocast_dtype", "first_order",
+           "flat_vjp", "vjp_through_autograd"]
 
 
 _AUTOCAST_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -288,3 +289,64 @@ def autograd_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
         return tuple(T.tree_unflatten(d, [next(gi) for _ in range(n)]) for d, n in trees)
 
     return T.tree_unflatten(out_def, [o.detach() for o in out_leaves]), pullback, aux
+
+
+class _Cat(torch.autograd.Function):
+    """``torch.cat`` with a one-op backward: autograd's own backward of ``cat`` narrows the
+    gradient once per input (one ``slice`` each); this one splits it (one ``split_with_sizes``,
+    the same views). Usable under ``torch.func`` transforms (``setup_context`` form)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(dim, *xs):
+        return torch.cat(xs, dim)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        dim, xs = inputs[0], inputs[1:]
+        ctx.dim = dim
+        ctx.sizes = [x.shape[dim] for x in xs]
+        ctx.dtypes = [x.dtype for x in xs]
+
+    @staticmethod
+    def backward(ctx, g):
+        parts = g.split(ctx.sizes, ctx.dim)
+        # as autograd's cat backward: each input's gradient in that input's dtype (a cast only
+        # where the dtypes of the inputs differed, e.g. under autocast's type promotion)
+        return (None, *(p if p.dtype == dt else p.to(dt) for p, dt in zip(parts, ctx.dtypes)))
+
+
+_CAT_FUNCTION = True  # tests switch it off to compare with plain torch.cat
+
+
+def cat(xs, dim: int = 0) -> torch.Tensor:
+    """``torch.cat(xs, dim)``, the same values forward and backward, with a backward of one op.
+
+    Autograd's backward of ``torch.cat`` over ``n`` inputs dispatches ``n`` ``slice`` ops; this
+    one dispatches one ``split_with_sizes`` giving the same views (the network's C2f blocks, SPPF
+    and neck concatenations, the heads' level flattening). Inside ``torch.compile`` (and when no
+    input needs a gradient) it is ``torch.cat`` itself.
+
+    Args:
+      xs: sequence of tensors, equal shapes except along ``dim``.
+      dim: the concatenation axis (negative allowed).
+
+    Returns:
+      the concatenation, as ``torch.cat``.
+
+    Example:
+      >>> import torch
+      >>> a, b = torch.ones(2, 1, requires_grad=True), torch.zeros(2, 2, requires_grad=True)
+      >>> y = cat([a, b], 1)
+      >>> y.shape, torch.equal(y, torch.cat([a, b], 1))
+      (torch.Size([2, 3]), True)
+      >>> ga, gb = torch.autograd.grad((y * torch.arange(6.0).view(2, 3)).sum(), (a, b))
+      >>> ga.tolist(), gb.tolist()
+      ([[0.0], [3.0]], [[1.0, 2.0], [4.0, 5.0]])
+    """
+    xs = tuple(xs)
+    if (not _CAT_FUNCTION or torch.compiler.is_compiling() or not torch.is_grad_enabled()
+            or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)):
+        return torch.cat(xs, dim)
+    return _Cat.apply(dim if dim >= 0 else dim + xs[0].dim(), *xs)

@@ -6,7 +6,10 @@ yolo_sgd + ema): 1976 ops before flat buffers, 1847 after; the guard + optimizer
 recognised flat groups, no select of the gradients in the guard, the step's gradient norm reused
 by the guard); then 1398 / 434 (a fresh list is copied into a buffer the select / EMA lerp then
 writes its result into: one set of views per tree instead of two); then 1382 (anchors: 35 -> 19
-ops) and 1325 (BN on the CPU: native_batch_norm without F.batch_norm's unused reserve tensor). The bounds below sit a little above the measurement so that an unrelated change that
+ops) and 1325 (BN on the CPU: native_batch_norm without F.batch_norm's unused reserve tensor).
+Second pass (benchmarks/results/eager_ops_2026-12-04c.md): 1229 (update 414; schedule constants as
+Python floats and shared casts, finite_scalar, func.cat's one-split backward, memoised anchors,
+ciou / dfl_loss with fewer views and gathers, no redundant detaches). The bounds below sit a little above the measurement so that an unrelated change that
 adds per-leaf work to the step fails here.
 """
 
@@ -21,8 +24,8 @@ from yolo_func.testing.synthetic import synthetic_batch
 from yolo_func.train import init_train_state, train_step, yolo_sgd
 from yolo_func.train.step import finish_step, heads_backward, network_vjp
 
-STEP_MAX_OPS = 1375      # measured 1325
-UPDATE_MAX_OPS = 470     # guard + optimizer + EMA + metrics, measured 434
+STEP_MAX_OPS = 1260      # measured 1229
+UPDATE_MAX_OPS = 440     # guard + optimizer + EMA + metrics, measured 414
 
 
 def _setup():

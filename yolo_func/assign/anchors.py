@@ -61,6 +61,11 @@ def anchors_for_feats(feats: Sequence[torch.Tensor], strides: Sequence[int]) -> 
     """:func:`make_anchors` for a sequence of ``float[B, C, H_l, W_l]`` feature maps (their device
     and dtype).
 
+    The result is memoised per (sizes, strides, device, dtype, inference mode): a training step
+    reads the anchors of the same shapes every step, and building them is 19 small ops. The
+    returned tensors are shared constants: never write them in place. Built afresh (not memoised)
+    inside ``torch.compile``, during a CUDA graph capture and for fake / meta / wrapped tensors.
+
     Example:
       >>> import torch
       >>> from yolo_func.assign import anchors_for_feats
@@ -69,4 +74,33 @@ def anchors_for_feats(feats: Sequence[torch.Tensor], strides: Sequence[int]) -> 
       (torch.Size([84, 2]), torch.float32)
     """
     sizes = [(int(f.shape[-2]), int(f.shape[-1])) for f in feats]
-    return make_anchors(sizes, strides, device=feats[0].device, dtype=feats[0].dtype)
+    device, dtype = feats[0].device, feats[0].dtype
+    if not _memo_allowed(feats[0]):
+        return make_anchors(sizes, strides, device=device, dtype=dtype)
+    key = (tuple(sizes), tuple(int(s) for s in strides), device, dtype, torch.is_inference_mode_enabled())
+    hit = _MEMO.get(key)
+    if hit is None:
+        hit = make_anchors(sizes, strides, device=device, dtype=dtype)
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))  # oldest first
+        _MEMO[key] = hit
+    return hit
+
+
+# (sizes, strides, device, dtype, inference mode) -> Anchors. The training step needs the anchors of
+# the same shapes every step: built once, 19 ops a step fewer. The entries are constants that no
+# caller writes. Never filled or read while a CUDA graph is being captured (a graph then allocates
+# its own, as before, so no graph ever reads an entry that could be evicted), nor while tracing
+# (torch.compile, fake or meta tensors). Inference-mode tensors are kept apart (they cannot enter
+# autograd outside inference mode).
+_MEMO: dict = {}
+_MEMO_SIZE = 8
+_MEMO_ENABLED = True  # tests switch it off to compare with fresh anchors
+
+
+def _memo_allowed(x: torch.Tensor) -> bool:
+    if not _MEMO_ENABLED or torch.compiler.is_compiling() or x.device.type == "meta":
+        return False
+    if type(x) is not torch.Tensor and not isinstance(x, torch.nn.Parameter):  # fake / functorch wrappers
+        return False
+    return not (x.device.type == "cuda" and torch.cuda.is_current_stream_capturing())

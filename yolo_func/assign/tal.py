@@ -184,8 +184,9 @@ def assign(
         raise ValueError(f"[yolo_func] assign: targets.boxes must be float[{B}, M, 4], got {tuple(targets.boxes.shape)}")
     M = targets.boxes.shape[1]
     with torch.no_grad():
-        pred_scores = pred_scores.detach()
-        pred_boxes = pred_boxes.detach()
+        # no detach op for inputs that carry no gradient already (assign_from_detect's)
+        pred_scores = pred_scores.detach() if pred_scores.requires_grad else pred_scores
+        pred_boxes = pred_boxes.detach() if pred_boxes.requires_grad else pred_boxes
         if M == 0:  # a static shape, not a tensor value: no sync
             return _background(pred_scores, targets, anchors)
         anchor_px = (anchors.points * anchors.strides).to(pred_boxes.dtype)  # [A, 2]
@@ -246,8 +247,11 @@ def assign_from_detect(
       (torch.Size([1, 16]), torch.Size([1, 16, 3]))
     """
     with torch.no_grad(), torch.autocast(preds.box_dist.device.type, enabled=False):
-        dist = dfl_expectation(preds.box_dist.detach().float(), reg_max)
+        box_dist, logits = preds.box_dist, preds.cls_logits
+        box_dist = box_dist.detach() if box_dist.requires_grad else box_dist  # vjp outputs carry none
+        logits = logits.detach() if logits.requires_grad else logits
+        dist = dfl_expectation(box_dist.float(), reg_max)
         boxes = dist2bbox(dist, anchors.points.float()) * anchors.strides.float()
-        scores = preds.cls_logits.detach().float().sigmoid()
+        scores = logits.float().sigmoid()
         anchors32 = Anchors(anchors.points.float(), anchors.strides.float())
         return assign(scores, boxes, anchors32, targets, **assigner_kw)

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from yolo_func.func import cat
 from yolo_func.nn import Layer, conv2d, conv_bn_act
 
 __all__ = ["Head", "LEVELS", "branch", "multi_level", "flatten_levels"]
@@ -119,4 +120,4 @@ def flatten_levels(maps: Sequence[torch.Tensor]) -> torch.Tensor:
       >>> flatten_levels([torch.rand(2, 5, 8, 8), torch.rand(2, 5, 4, 4), torch.rand(2, 5, 2, 2)]).shape
       torch.Size([2, 84, 5])
     """
-    return torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)
+    return cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # backward: one split

@@ -48,6 +48,7 @@ def dfl_loss(box_dist: torch.Tensor, target: torch.Tensor, *, reg_max: int = 16)
     wl = tl + 1 - t
     wr = 1 - wl
     idx = tl.long().unsqueeze(-1)
-    lp_l = logp.gather(-1, idx).squeeze(-1)
-    lp_r = logp.gather(-1, idx + 1).squeeze(-1)
+    # Both neighbouring bins in one gather (and one scatter in its backward): idx and idx + 1 are
+    # distinct bins of a row, so each logit still receives at most one gradient term.
+    lp_l, lp_r = logp.gather(-1, torch.cat((idx, idx + 1), -1)).unbind(-1)
     return -(lp_l * wl + lp_r * wr).mean(-1)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from yolo_func._types import Feats
+from yolo_func.func import cat
 from yolo_func.models.scales import Scale, channels, repeats
 from yolo_func.nn import Layer, c2f, conv_bn_act
 
@@ -70,12 +71,12 @@ def neck(scale: Scale) -> Layer:
         c3, c4, c5 = inputs
         new: dict = {}
         up = lambda t: F.interpolate(t, scale_factor=2, mode="nearest")  # noqa: E731
-        p4_td = run("p4_td", "c2f", params, state, new, torch.cat((up(c5), c4), 1), train)
-        p3 = run("p3_out", "c2f", params, state, new, torch.cat((up(p4_td), c3), 1), train)
+        p4_td = run("p4_td", "c2f", params, state, new, cat((up(c5), c4), 1), train)
+        p3 = run("p3_out", "c2f", params, state, new, cat((up(p4_td), c3), 1), train)
         d = run("p4_out", "down", params, state, new, p3, train)
-        p4 = run("p4_out", "c2f", params, state, new, torch.cat((d, p4_td), 1), train)
+        p4 = run("p4_out", "c2f", params, state, new, cat((d, p4_td), 1), train)
         d = run("p5_out", "down", params, state, new, p4, train)
-        p5 = run("p5_out", "c2f", params, state, new, torch.cat((d, c5), 1), train)
+        p5 = run("p5_out", "c2f", params, state, new, cat((d, c5), 1), train)
         return Feats(p3, p4, p5), (new if train else state)
 
     return Layer(init, apply)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from yolo_func.func import cat
 from yolo_func.nn.base import Layer
 from yolo_func.nn.conv import conv_bn_act
 
@@ -82,7 +83,7 @@ def c2f(c_in: int, c_out: int, n: int, *, shortcut: bool) -> Layer:
         for j, m in enumerate(ms):
             b, new_state[f"m{j}"] = m.apply(params[f"m{j}"], state[f"m{j}"], b, train=train)
             outs.append(b)
-        y, new_state["cv2"] = cv2.apply(params["cv2"], state["cv2"], torch.cat(outs, 1), train=train)
+        y, new_state["cv2"] = cv2.apply(params["cv2"], state["cv2"], cat(outs, 1), train=train)
         return y, (new_state if train else state)
 
     return Layer(init, apply)
@@ -118,7 +119,7 @@ def sppf(c_in: int, c_out: int, k: int = 5) -> Layer:
         ys = [y]
         for _ in range(3):
             ys.append(F.max_pool2d(ys[-1], k, 1, k // 2))
-        y, s2 = cv2.apply(params["cv2"], state["cv2"], torch.cat(ys, 1), train=train)
+        y, s2 = cv2.apply(params["cv2"], state["cv2"], cat(ys, 1), train=train)
         return y, ({"cv1": s1, "cv2": s2} if train else state)
 
     return Layer(init, apply)
@@ -164,6 +165,6 @@ def concat(dim: int = 1) -> Layer:
 
     def apply(params, state, xs: Sequence[torch.Tensor], *, train: bool):
         del params, train
-        return torch.cat(list(xs), dim), state
+        return cat(list(xs), dim), state
 
     return Layer(init, apply)

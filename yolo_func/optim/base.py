@@ -29,12 +29,31 @@ CUDA graph.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
 import torch
 
 from yolo_func import tree as T
+
+# id(memoized schedule), id(step) -> (step, value); None outside optim.schedule_memo() (defined in
+# optim.schedules: the block every update of share_schedules runs in)
+_SCHEDULE_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("yolo_func_schedule_memo", default=None)
+
+
+def _memo_value(key: tuple, anchor: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per ``key`` inside ``schedule_memo()`` (every call outside it). ``anchor``
+    is kept with the entry, so the ids in ``key`` of objects it holds alive are not reused."""
+    memo = _SCHEDULE_MEMO.get()
+    if memo is None:
+        return compute()
+    hit = memo.get(key)
+    if hit is not None and hit[0] is anchor:
+        return hit[1]
+    out = compute()
+    memo[key] = (anchor, out)
+    return out
 
 __all__ = [
     "Params",
@@ -262,10 +281,28 @@ def _eval64(value: ScalarOrSchedule, step: torch.Tensor) -> torch.Tensor | float
     return out.to(device=step.device, dtype=torch.float64)
 
 
+def finite_scalar(x: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite(x)`` for a floating tensor as ``(x - x) == 0``: two kernels where
+    ``isfinite`` dispatches four (``abs``, ``ne``, ``eq``, ``mul``). The same booleans: ``x - x`` is
+    exactly 0 for every finite ``x`` and NaN for ``±inf`` and NaN.
+
+    Example:
+      >>> import torch
+      >>> finite_scalar(torch.tensor([1.0, float("inf"), float("nan"), -0.0])).tolist()
+      [True, False, False, True]
+    """
+    return (x - x) == 0
+
+
 def _as_leaf_scalar(x: torch.Tensor | float, like: list[torch.Tensor]) -> torch.Tensor | float:
-    """Cast a float64 device scalar to the leaves' dtype (floats pass through)."""
+    """Cast a float64 device scalar to the leaves' dtype (floats pass through). Inside
+    ``schedule_memo()`` a value shared by several parameter groups (the momentum, a learning rate)
+    is cast once per dtype and device."""
     if isinstance(x, torch.Tensor) and like:
-        return x.to(dtype=like[0].dtype, device=like[0].device)
+        dtype, device = like[0].dtype, like[0].device
+        if x.dtype == dtype and x.device == device:
+            return x
+        return _memo_value(("leaf_scalar", id(x), dtype, device), x, lambda: x.to(dtype=dtype, device=device))
     return x
 
 

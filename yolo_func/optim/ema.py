@@ -123,7 +123,7 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
             count = state.count + 1
             w = 1 - ema_decay(count, decay, tau)
         else:
-            count = state.count + stepped.to(state.count.dtype)
+            count = state.count + stepped  # an integer count plus a bool: the count's dtype, no cast kernel
             # Weight 0 on non-stepping calls: lerp(e, m, 0) == e exactly.
             w = torch.where(stepped, 1 - ema_decay(count, decay, tau), torch.zeros((), dtype=torch.float64, device=count.device))
         idx = [i for i, x in enumerate(e_leaves) if x.is_floating_point()]

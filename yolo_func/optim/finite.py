@@ -22,7 +22,7 @@ import torch
 
 from yolo_func import tree as T
 from yolo_func.optim import flat
-from yolo_func.optim.base import GradientTransformation, Updates, _reject_unknown, _zero_count
+from yolo_func.optim.base import GradientTransformation, Updates, _reject_unknown, _zero_count, finite_scalar
 from yolo_func.optim.transforms import global_norm
 
 __all__ = ["ApplyIfFiniteState", "apply_if_finite"]
@@ -139,7 +139,7 @@ def apply_if_finite(inner: GradientTransformation, *, enabled: bool = True) -> G
         it = state.count if iteration is None else iteration
         if enabled:
             norm = global_norm(updates) if grad_norm is None else grad_norm
-            applied = torch.isfinite(norm).to(device)
+            applied = finite_scalar(norm).to(device)
             if finite is not None:
                 applied = applied & finite.to(device)
         else:

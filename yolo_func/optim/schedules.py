@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from yolo_func.optim.base import GradientTransformation, Schedule
+from yolo_func.optim.base import _SCHEDULE_MEMO, GradientTransformation, Schedule
 
 __all__ = [
     "linear_lf",
@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # id(memoized schedule), id(step) -> (step, value); None outside schedule_memo()
-_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("yolo_func_schedule_memo", default=None)
+_MEMO = _SCHEDULE_MEMO  # lives in optim.base, which also memoises the leaf-dtype casts of schedule values
 
 
 @contextlib.contextmanager
@@ -144,7 +144,20 @@ _F64 = torch.float64
 
 def _as64(x: torch.Tensor | float | int, device: torch.device | None = None) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
-        return x.to(dtype=_F64)
+        if x.dtype == _F64:
+            return x
+        # Inside schedule_memo() the step counter is converted once per update (every group's
+        # schedules read the same step tensor), not once per schedule.
+        memo = _MEMO.get()
+        if memo is None:
+            return x.to(dtype=_F64)
+        key = ("as64", id(x))
+        hit = memo.get(key)
+        if hit is not None and hit[0] is x:  # the entry keeps `x` alive: its id is not reused
+            return hit[1]
+        out = x.to(dtype=_F64)
+        memo[key] = (x, out)
+        return out
     # torch.full launches a fill kernel; torch.tensor would copy from the host (not capturable).
     return torch.full((), float(x), dtype=_F64, device=device)
 
@@ -229,8 +242,13 @@ def interp_warmup(x: torch.Tensor, end: int, start_value: torch.Tensor | float, 
       tensor(0.0775, dtype=torch.float64)
     """
     xf = _as64(x)
-    y0 = _as64(start_value, xf.device)
-    y1 = _as64(end_value, xf.device)
+    if isinstance(start_value, torch.Tensor) or isinstance(end_value, torch.Tensor):
+        y0 = start_value.to(dtype=_F64) if isinstance(start_value, torch.Tensor) else float(start_value)
+        y1 = end_value.to(dtype=_F64) if isinstance(end_value, torch.Tensor) else float(end_value)
+    else:
+        y0, y1 = float(start_value), float(end_value)
+    # Python floats stay Python floats: their arithmetic is float64 arithmetic (IEEE double, the
+    # same roundings as float64 device scalars), without a fill kernel per constant.
     slope = (y1 - y0) / max(end, 1)
     return torch.where(xf == end, y1, slope * xf + y0)
 
@@ -346,7 +364,7 @@ def yolo_schedules(
     @memoized
     def momentum_fn(ni: torch.Tensor) -> torch.Tensor:
         m = torch.full((), momentum, dtype=_F64, device=ni.device)
-        return torch.where(ni <= nw, interp_warmup(ni, nw, warmup_momentum, m), m)
+        return torch.where(ni <= nw, interp_warmup(ni, nw, warmup_momentum, momentum), m)
 
     @memoized
     def accumulate_fn(ni: torch.Tensor) -> torch.Tensor:

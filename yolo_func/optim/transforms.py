@@ -36,6 +36,7 @@ from yolo_func.optim.base import (
     _device_of,
     _eval64,
     _is_schedule,
+    _memo_value,
     _reject_unknown,
     _step_for,
     _zero_count,
@@ -340,7 +341,10 @@ def scale_by_learning_rate(learning_rate: ScalarOrSchedule) -> GradientTransform
     """
     _check_scalar("learning_rate", learning_rate)
     if _is_schedule(learning_rate):
-        return _scale_by_schedule(lambda step: -_eval64(learning_rate, step), "scale_by_learning_rate")
+        def neg_lr(step):  # groups sharing one schedule object share its negation within an update
+            return _memo_value(("neg_lr", id(learning_rate), id(step)), step, lambda: -_eval64(learning_rate, step))
+
+        return _scale_by_schedule(neg_lr, "scale_by_learning_rate")
     return _scale(-float(learning_rate), "scale_by_learning_rate")
 
 

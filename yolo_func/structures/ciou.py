@@ -29,22 +29,25 @@ _K = 4 / math.pi**2
 
 def _forward(p: torch.Tensor, q: torch.Tensor, eps: float):
     """CIoU of xyxy ``p`` and ``q`` (broadcast) and what the backward needs."""
-    p1, p2 = p[..., :2], p[..., 2:]
-    q1, q2 = q[..., :2], q[..., 2:]
+    # One split / unbind per pair (the same views as two slices / selects; one op instead of two).
+    p1, p2 = p.split(2, -1)
+    q1, q2 = q.split(2, -1)
     wh1, wh2 = p2 - p1, q2 - q1
-    w1, h1 = wh1[..., 0], wh1[..., 1] + eps  # eps on heights only (reference convention)
-    w2, h2 = wh2[..., 0], wh2[..., 1] + eps
+    w1, h1 = wh1.unbind(-1)
+    w2, h2 = wh2.unbind(-1)
+    h1, h2 = h1 + eps, h2 + eps  # eps on heights only (reference convention)
     iwh_raw = torch.minimum(p2, q2) - torch.maximum(p1, q1)
     iwh = iwh_raw.clamp(min=0)
-    inter = iwh[..., 0] * iwh[..., 1]
+    iw, ih = iwh.unbind(-1)
+    inter = iw * ih
     union = w1 * h1 + w2 * h2 - inter + eps
     iou = inter / union
     cwh = torch.maximum(p2, q2) - torch.minimum(p1, q1)  # enclosing box (w, h)
-    cwh2 = cwh.pow(2)
-    c2 = cwh2[..., 0] + cwh2[..., 1] + eps
+    cw2, ch2 = cwh.pow(2).unbind(-1)
+    c2 = cw2 + ch2 + eps
     d = q1 + q2 - p1 - p2  # twice the centre offset (x, y)
-    d2 = d.pow(2)
-    rho2 = (d2[..., 0] + d2[..., 1]) / 4
+    dx2, dy2 = d.pow(2).unbind(-1)
+    rho2 = (dx2 + dy2) / 4
     r1 = w1 / h1
     da = torch.atan(w2 / h2) - torch.atan(r1)
     v = _K * da.pow(2)
@@ -116,6 +119,8 @@ def ciou(pred: torch.Tensor, target: torch.Tensor, *, eps: float = 1e-7) -> torc
     """
     if pred.shape[-1] != 4 or target.shape[-1] != 4:
         raise ValueError(f"[yolo_func] ciou: boxes must end in 4, got {tuple(pred.shape)} and {tuple(target.shape)}")
+    if target.requires_grad:  # a constant of the loss (no detach op when it already is one)
+        target = target.detach()
     if not (torch.is_grad_enabled() and pred.requires_grad):
-        return _forward(pred, target.detach(), eps)[0]
-    return _CIoU.apply(pred, target.detach(), eps)[0]
+        return _forward(pred, target, eps)[0]
+    return _CIoU.apply(pred, target, eps)[0]

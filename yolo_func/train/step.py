@@ -48,6 +48,7 @@ from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_if_finite, apply_updates, flat, global_norm
+from yolo_func.optim.base import finite_scalar
 from yolo_func.structures.checks import check_batch
 from yolo_func.train.state import Batch, TrainState
 
@@ -224,7 +225,8 @@ def loss_grad(head, preds: Any, targets: Any, assignment: Assignment):
         loss, parts = head.loss(pr, targets, assignment)
     grads = torch.autograd.grad(loss, xs, allow_unused=True)
     g_preds = T.tree_unflatten(treedef, [torch.zeros_like(x) if g is None else g for x, g in zip(xs, grads)])
-    loss, parts = loss.detach(), {k: v.detach() for k, v in parts.items()}
+    # Parts a loss already detached are kept as they are (no second detach op).
+    loss, parts = loss.detach(), {k: v.detach() if v.requires_grad else v for k, v in parts.items()}
     # The head's backward sees each cotangent in its prediction's layout: a captured head replays
     # its backward on cotangent buffers laid out like its outputs, and BN/conv backward kernels
     # (and their reduction order) depend on the layout — e.g. the mask loss returns an NCHW
@@ -322,7 +324,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     guard = apply_if_finite(tx, enabled=skip_nonfinite)
     # The guard's own check is isfinite(gnorm): it reuses this norm (no second pass over the
     # gradients). Without the guard the veto must carry the gradient check itself.
-    veto = torch.isfinite(total) if skip_nonfinite else torch.isfinite(total) & torch.isfinite(gnorm)
+    veto = finite_scalar(total) if skip_nonfinite else finite_scalar(total) & finite_scalar(gnorm)
     updates, opt_state = guard.update(grads, ts.opt_state, ts.params, finite=veto, grad_norm=gnorm)
     finite = opt_state.notfinite_count == 0  # the wrapper's verdict (the veto AND its own gradient check)
     if skip_nonfinite:
@@ -338,7 +340,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     # step: a copy, so a captured step's metric is not the carry buffer it later overwrites
     metrics.update(loss=total, grad_norm=gnorm, finite=finite, stepped=stepped.clone(), step=ts.step.clone())
     new_ts = TrainState(params, new_model_state, opt_state, ema_state, ts.step + 1,
-                        ts.skipped + (~finite).to(ts.skipped.dtype))
+                        ts.skipped + ~finite)  # int64 + bool: one add, no cast
     return new_ts, metrics
 
 
