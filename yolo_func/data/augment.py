@@ -607,10 +607,8 @@ def _mosaic_resized(records: Sequence[Annotated], center: tuple[int, int], size:
     e = np.repeat(np.array(mats, np.float64).reshape(4, 4), counts, axis=0)  # per instance (ax, tx, ay, ty)
     masks = kpts = None
     if all(p.masks is not None for p in parts):
-        warped = [_warp_masks(p.masks, np.array([[m[0], 0, m[1]], [0, m[2], m[3]], [0, 0, 1]]), (H, W))
-                  for p, m in zip(parts, mats)]
-        masks = RoiMasks(np.concatenate([w.offsets for w in warped]).reshape(-1, 2),
-                         tuple(c for w in warped for c in w.crops))
+        masks = _warp_masks(RoiMasks(np.concatenate([p.masks.offsets for p in parts]).reshape(-1, 2),
+                                     tuple(c for p in parts for c in p.masks.crops)), t.matrix, (H, W), axis=e)
         after = masks.boxes()
     else:
         after = np.empty_like(before)
@@ -716,11 +714,13 @@ class AffineTransform(NamedTuple):
         return _warp_masks(masks, self.matrix, self.out_shape)
 
 
-def _warp_masks(masks: RoiMasks, M: np.ndarray, out_shape: tuple[int, int]) -> RoiMasks:
+def _warp_masks(masks: RoiMasks, M: np.ndarray, out_shape: tuple[int, int], axis: np.ndarray | None = None) -> RoiMasks:
     """Warp each crop with M on its own region of interest of the output, then re-tighten it.
 
     The regions are computed for all instances at once; each crop covers pixel centres
     ``x0 .. x0 + w - 1``, so its image lies inside its transformed rectangle widened by one pixel.
+    ``axis``: optional float64[N, 4] per-instance axis-aligned matrices (sx, tx, sy, ty) used instead
+    of ``M`` (the direct mosaic build: one matrix per tile).
     """
     H, W = out_shape
     n = len(masks.crops)
@@ -734,7 +734,12 @@ def _warp_masks(masks: RoiMasks, M: np.ndarray, out_shape: tuple[int, int]) -> R
     x0, y0 = masks.offsets[:, 0].astype(np.float64), masks.offsets[:, 1].astype(np.float64)
     xa, ya, xb, yb = x0 - 1, y0 - 1, x0 + hw[:, 1], y0 + hw[:, 0]
     rect = np.stack([np.stack([xa, ya], 1), np.stack([xb, ya], 1), np.stack([xb, yb], 1), np.stack([xa, yb], 1)], 1)
-    pts = rect @ M[:2, :2].T + M[:2, 2]  # [n, 4, 2]
+    if axis is not None:
+        M = np.eye(3)
+        sx, tx0, sy, ty0 = (axis[:, k:k + 1] for k in range(4))
+        pts = np.stack([rect[..., 0] * sx + tx0, rect[..., 1] * sy + ty0], -1)
+    else:
+        pts = rect @ M[:2, :2].T + M[:2, 2]  # [n, 4, 2]
     whole = np.zeros(n, bool)
     if not affine:
         den = rect @ M[2, :2] + M[2, 2]
@@ -745,13 +750,17 @@ def _warp_masks(masks: RoiMasks, M: np.ndarray, out_shape: tuple[int, int]) -> R
     u1 = np.where(whole, W, np.minimum(np.ceil(pts[..., 0].max(1)) + 1, W)).astype(np.int64)
     v1 = np.where(whole, H, np.minimum(np.ceil(pts[..., 1].max(1)) + 1, H)).astype(np.int64)
     todo = np.flatnonzero((hw.min(1) > 0) & (u1 > u0) & (v1 > v0))
-    if affine:  # M_roi = T(-u0, -v0) · M · T(x0, y0), row by row
+    if axis is not None:
+        a00, a01, a10, a11 = axis[:, 0], np.zeros(n), np.zeros(n), axis[:, 2]
+        tx, ty = axis[:, 0] * x0 + axis[:, 1] - u0, axis[:, 2] * y0 + axis[:, 3] - v0
+    elif affine:  # M_roi = T(-u0, -v0) · M · T(x0, y0), row by row
+        a00, a01, a10, a11 = (np.full(n, M[r, c]) for r, c in ((0, 0), (0, 1), (1, 0), (1, 1)))
         tx = M[0, 0] * x0 + M[0, 1] * y0 + M[0, 2] - u0
         ty = M[1, 0] * x0 + M[1, 1] * y0 + M[1, 2] - v0
     for i in todo:
         c, size = masks.crops[i], (int(u1[i] - u0[i]), int(v1[i] - v0[i]))
         if affine:
-            Mr = np.array([[M[0, 0], M[0, 1], tx[i]], [M[1, 0], M[1, 1], ty[i]]])
+            Mr = np.array([[a00[i], a01[i], tx[i]], [a10[i], a11[i], ty[i]]])
             roi = cv2.warpAffine(c, Mr, size, flags=cv2.INTER_LINEAR, borderValue=0)
         else:
             Mr = np.array([[1, 0, -u0[i]], [0, 1, -v0[i]], [0, 0, 1]], np.float64) @ M @ np.array(
