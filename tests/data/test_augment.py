@@ -467,3 +467,56 @@ def test_augment_into_a_given_array_is_bitwise_the_same_and_reuses_no_caller_dat
         np.testing.assert_array_equal(r.image, b)
     again = A.augment(A.record_rng(seed, 0, 1), recs, 128, cfg, use_mosaic=use_mosaic)  # scratch reuse
     np.testing.assert_array_equal(again.image, want.image)
+
+
+@settings(max_examples=30)
+@given(seed=SEEDS, xc=st.integers(64, 192), yc=st.integers(64, 192), s=st.floats(0.5, 1.5),
+       tx=st.floats(-20, 20), ty=st.floats(-20, 20))
+def test_mosaic_resized_matches_the_canvas_resize(seed, xc, yc, s, tx, ty):
+    """The mosaic built straight into the output (each tile resized on its own) against the canvas
+    built first and resized as a whole: tiles disjoint, grey elsewhere, pixels differ only along
+    seams, the same instances with boxes within 1 px, boxes tight around masks."""
+    recs = [A.load_resized(_rec(seed + i, keypoints=3), 128) for i in range(4)]
+    recs = [r._replace(classes=np.arange(len(r.boxes)) + 10 * i) for i, r in enumerate(recs)]  # instance ids
+    M = np.array([[s, 0, 64 - 128 * s + tx], [0, s, 64 - 128 * s + ty], [0, 0, 1]])
+    t = A.AffineTransform(M, (128, 128), s)
+    out = np.zeros((128, 128, 3), np.uint8)
+    got, rects = A._mosaic_resized(recs, (xc, yc), 128, t, out)
+    want = A.apply_affine(A.mosaic(recs, (xc, yc), 128), t)
+    covered = np.zeros((128, 128), int)
+    for u0, v0, u1, v1 in rects:
+        assert 0 <= u0 < u1 <= 128 and 0 <= v0 < v1 <= 128
+        covered[v0:v1, u0:u1] += 1
+    assert covered.max() <= 1 and (got.image[covered == 0] == A.PAD_VALUE).all()
+    d = np.abs(got.image.astype(int) - want.image)
+    # each path is within half a pixel of the sampled matrix (each tile rounded on its own here), so up
+    # to a pixel from each other: sharp edges of these synthetic textures move, flat areas do not
+    assert d.mean() < 8 and np.mean(d > 64) < 0.05
+    common = np.intersect1d(got.classes, want.classes)
+    assert len(common) >= max(len(got.classes), len(want.classes)) - 1  # box-filter threshold cases only
+    for c in common:
+        i, j = int(np.flatnonzero(got.classes == c)[0]), int(np.flatnonzero(want.classes == c)[0])
+        np.testing.assert_allclose(got.boxes[i], want.boxes[j], atol=1.0 + 1e-4)
+        vis = (got.keypoints[i, :, 2] > 0) & (want.keypoints[j, :, 2] > 0)
+        np.testing.assert_allclose(got.keypoints[i, vis, :2], want.keypoints[j, vis, :2], atol=1.0 + 1e-4)
+    for box, m in zip(got.boxes, got.masks.to_dense((128, 128))):
+        np.testing.assert_allclose(box, _dense_box(m), atol=0)
+
+
+@given(seed=SEEDS, xc=st.integers(64, 192), yc=st.integers(64, 192), tx=st.integers(-128, 0),
+       ty=st.integers(-128, 0))
+@settings(max_examples=20)
+def test_mosaic_resized_at_scale_1_is_the_canvas_crop_bitwise(seed, xc, yc, tx, ty):
+    # whole-pixel translation, scale 1: both paths copy pixels, so images and labels are equal
+    recs = [A.load_resized(_rec(seed + i, keypoints=3), 128) for i in range(4)]
+    t = A.AffineTransform(np.array([[1.0, 0, tx], [0, 1.0, ty], [0, 0, 1]]), (128, 128), 1.0)
+    got, _ = A._mosaic_resized(recs, (xc, yc), 128, t, np.zeros((128, 128, 3), np.uint8))
+    canvas = A.mosaic(recs, (xc, yc), 128)
+    np.testing.assert_array_equal(got.image, canvas.image[-ty:-ty + 128, -tx:-tx + 128])
+    want = A.apply_affine(canvas, t)
+    np.testing.assert_array_equal(got.image, want.image)
+    np.testing.assert_array_equal(got.classes, want.classes)
+    np.testing.assert_allclose(got.boxes, want.boxes, atol=1e-4)
+    np.testing.assert_allclose(got.keypoints, want.keypoints, atol=1e-4)
+    for a, b in zip(got.masks.to_dense((128, 128)), want.masks.to_dense((128, 128))):
+        np.testing.assert_array_equal(a, b)
