@@ -579,15 +579,26 @@ def _gpu_mem(device: torch.device) -> str:
     return f"{torch.cuda.memory_reserved(device) / 2**30:.1f}G"
 
 
+_IMPORT_SWITCH_INTERVAL_S = 2e-4
+
+
 def _warm_imports() -> None:
     """Import ``torch._dynamo`` on a thread while the data and the model are set up: ``torch.func``
     imports it at the first differentiated step, 1.5-2.5 s of a short fit's start-up otherwise."""
+
+    # While the import runs, the main thread's torch calls (each releases and retakes the GIL) would
+    # wait up to the 5 ms switch interval for the importing thread at every op: thousands of ops in
+    # init_train_state and the first warm-up (seconds on the H200 host). A short interval bounds that.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, _IMPORT_SWITCH_INTERVAL_S))
 
     def run() -> None:
         try:
             import torch._dynamo  # noqa: F401
         except Exception:  # noqa: BLE001 -- only a head start; the step imports it again if this failed
             return
+        finally:
+            sys.setswitchinterval(interval)
 
     threading.Thread(target=run, name="yolo_func-imports", daemon=True).start()
 

@@ -45,6 +45,7 @@ step runs eagerly and one warning (``CaptureFallbackWarning``) names the reason,
 from __future__ import annotations
 
 import abc
+import os
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
@@ -73,6 +74,10 @@ from yolo_func.train.step import (
 )
 
 __all__ = ["LEVELS", "CaptureFallbackWarning", "HeadCapture", "ReplayTrainStep", "UpdateInputs", "capture_head"]
+
+
+#: run :meth:`ReplayTrainStep._prewarm` (environment ``YOLO_FUNC_PREWARM=0`` turns it off)
+PREWARM = os.environ.get("YOLO_FUNC_PREWARM", "1") != "0"
 
 
 class CaptureFallbackWarning(UserWarning):
@@ -594,7 +599,7 @@ class ReplayTrainStep:
         self._prewarmed = True
         # not with a gradient all-reduce (ranks would disagree on running it) nor compiled (dynamo
         # is imported by the compile anyway)
-        if (self.capture == "none" or not batch.images.is_cuda or self.grad_reduce is not None
+        if (not PREWARM or self.capture == "none" or not batch.images.is_cuda or self.grad_reduce is not None
                 or self.compiled is not None or dynamo_imported()):
             return
         with vjp_through_autograd():
