@@ -2,6 +2,7 @@
 with the ``torch._dynamo`` import: the same gradients as ``torch.func`` (second implementation), and
 on the GPU a fresh process's first replayed steps unchanged by it (bitwise against eager)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -81,7 +82,8 @@ def test_first_capture_with_dynamo_importing_on_a_thread_equals_eager():
             assert torch.equal(a, b)
         print("PREWARM_CALLS", prewarm_calls)
     """)
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(REPO), timeout=300)
+    env = dict(os.environ, YOLO_FUNC_PREWARM="1")  # opt-in (yolo_func.train.replay.PREWARM)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(REPO), timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     calls = int(p.stdout.split("PREWARM_CALLS")[1].split()[0])
     assert calls > 0  # the prewarm ran (through autograd) and the results still equal eager

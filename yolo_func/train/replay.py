@@ -76,8 +76,11 @@ from yolo_func.train.step import (
 __all__ = ["LEVELS", "CaptureFallbackWarning", "HeadCapture", "ReplayTrainStep", "UpdateInputs", "capture_head"]
 
 
-#: run :meth:`ReplayTrainStep._prewarm` (environment ``YOLO_FUNC_PREWARM=0`` turns it off)
-PREWARM = os.environ.get("YOLO_FUNC_PREWARM", "1") != "0"
+#: run :meth:`ReplayTrainStep._prewarm` (opt-in: environment ``YOLO_FUNC_PREWARM=1``). Off by default:
+#: measured on the H200 (segment, batch 16, ``benchmarks/profile_fit_startup.py``), a fit's first
+#: step ended at 8.2 s with it and 6.5 s without — the autograd warm-up's thousands of op dispatches
+#: compete for the GIL with the ``torch._dynamo`` import it was meant to overlap.
+PREWARM = os.environ.get("YOLO_FUNC_PREWARM", "0") == "1"
 
 
 class CaptureFallbackWarning(UserWarning):
