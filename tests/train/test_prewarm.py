@@ -64,6 +64,8 @@ def test_first_capture_with_dynamo_importing_on_a_thread_equals_eager():
         calls = []
         orig = F.autograd_vjp
         F.autograd_vjp = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
+        import yolo_func.train.replay as R
+        R.dynamo_imported = lambda: False  # the import below may finish before the first step: force the path
         threading.Thread(target=lambda: __import__("torch._dynamo")).start()
         model = yolov8("n", task="segment", num_classes=5)
         tx = sgd(0.01, momentum=0.9)
