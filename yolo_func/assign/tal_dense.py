@@ -14,41 +14,11 @@ from __future__ import annotations
 import torch
 
 from yolo_func._types import Anchors, Assignment, Targets
-from yolo_func.structures.ciou import ciou
+# The candidates and metrics (and the empty result) are shared with the lean assigner: what the two
+# formulations differ in, and what tests/assign/test_tal_lean.py compares, is the selection.
+from yolo_func.assign.tal import _background, _metrics
 
 __all__ = ["assign_dense"]
-
-
-def _in_box(anchor_px: torch.Tensor, gt_boxes: torch.Tensor, valid: torch.Tensor, enlarge_to: float,
-            eps: float) -> torch.Tensor:
-    """bool[B, M, A]: anchor centre strictly inside the (tiny-gt enlarged) target box."""
-    xy1, xy2 = gt_boxes[..., :2], gt_boxes[..., 2:]  # [B, M, 2]: x and y handled together
-    c = (xy1 + xy2) / 2
-    wh = xy2 - xy1
-    # Width and height below the second stride are enlarged independently, keeping the centre,
-    # and only for this test (8.4.190; the v8-era releases had no enlargement).
-    wh = torch.where(valid[..., None] & (wh < enlarge_to), enlarge_to, wh)
-    half = wh / 2
-    lt, rb = (c - half)[:, :, None, :], (c + half)[:, :, None, :]  # [B, M, 1, 2]
-    # min over the four margins (left, top, right, bottom), as pairs then over x/y
-    margin = torch.minimum(anchor_px - lt, rb - anchor_px).amin(-1)  # [B, M, A]
-    return (margin > eps) & valid[:, :, None]
-
-
-def _metrics(pred_scores, pred_boxes, anchor_px, targets, *, alpha, beta, eps, enlarge_to):
-    """(candidates bool[B,M,A], overlaps float[B,M,A], align float[B,M,A])."""
-    B, A, _ = pred_scores.shape
-    M = targets.boxes.shape[1]
-    gt_boxes = targets.boxes.to(pred_boxes.dtype)
-    cand = _in_box(anchor_px, gt_boxes, targets.valid, enlarge_to, eps)
-    # s[b, j, a] = predicted probability of target j's class at anchor a.
-    cls_idx = targets.classes.clamp(min=0)[:, :, None].expand(B, M, A)
-    s = pred_scores.transpose(1, 2).gather(1, cls_idx)
-    u = ciou(gt_boxes[:, :, None, :], pred_boxes[:, None, :, :]).clamp(min=0)  # no grad: the fused forward
-    zero = torch.zeros((), dtype=u.dtype, device=u.device)
-    overlaps = torch.where(cand, u, zero)
-    align = torch.where(cand, s.pow(alpha) * overlaps.pow(beta), zero)
-    return cand, overlaps, align
 
 
 def _topk_positives(align: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor, topk: int) -> torch.Tensor:
@@ -58,18 +28,6 @@ def _topk_positives(align: torch.Tensor, cand: torch.Tensor, valid: torch.Tensor
     idx = torch.topk(align, k, dim=-1, largest=True).indices  # [B, M, k], torch.topk tie order (T9)
     in_topk = torch.zeros_like(align).scatter(-1, idx, 1.0) > 0
     return in_topk & cand & valid[:, :, None]
-
-
-def _background(pred_scores: torch.Tensor, targets: Targets, anchors: Anchors) -> Assignment:
-    B, A, K = pred_scores.shape
-    dev = pred_scores.device
-    return Assignment(
-        torch.zeros(B, A, dtype=torch.bool, device=dev),
-        torch.zeros(B, A, dtype=torch.int64, device=dev),
-        torch.zeros(B, A, 4, dtype=pred_scores.dtype, device=dev),
-        torch.zeros(B, A, K, dtype=pred_scores.dtype, device=dev),
-        anchors,
-    )
 
 
 def assign_dense(

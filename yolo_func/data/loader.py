@@ -221,7 +221,7 @@ class _WireBatch:
         """The batch in page-locked memory (called by the DataLoader's pin-memory thread), so that
         ``.to("cuda", non_blocking=True)`` is an asynchronous copy for every field."""
         b = self.unwire()
-        return Batch(b.images.pin_memory(), Targets(*(None if v is None else v.pin_memory() for v in b.targets)))
+        return Batch(b.images.pin_memory(), _pin_targets(b.targets))
 
 
 def _unwire(batch: Any) -> Batch:
@@ -599,9 +599,13 @@ class _ValBatches:
         return len(self.shapes)
 
 
+def _pin_targets(t: Targets) -> Targets:
+    """Every tensor field of ``t`` in page-locked memory."""
+    return Targets(*(None if v is None else v.pin_memory() for v in t))
+
+
 def _pinned(batch: ValBatch) -> ValBatch:
-    return batch._replace(images=batch.images.pin_memory(), targets=Targets(*(None if v is None else v.pin_memory()
-                                                                              for v in batch.targets)))
+    return batch._replace(images=batch.images.pin_memory(), targets=_pin_targets(batch.targets))
 
 
 class ValLoader:

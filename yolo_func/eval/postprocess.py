@@ -137,13 +137,17 @@ class Letterbox(NamedTuple):
 # -- splitting the inference output ---------------------------------------------------------------
 
 
-def _layout(inference: Inference, num_classes: int | None, kpt_shape: tuple[int, int] | None) -> tuple[int, tuple[int, int] | None]:
-    """``(K, kpt_shape or None)`` from the channel count of ``inference.y``."""
+def _check_inference(inference: object) -> None:
     if not isinstance(inference, Inference):
         raise TypeError(
             f"[yolo_func] postprocess: inference must be a yolo_func.Inference (Model.predict's output), got "
             f"{type(inference).__name__}; wrap a raw tensor as Inference(y, protos)"
         )
+
+
+def _layout(inference: Inference, num_classes: int | None, kpt_shape: tuple[int, int] | None) -> tuple[int, tuple[int, int] | None]:
+    """``(K, kpt_shape or None)`` from the channel count of ``inference.y``."""
+    _check_inference(inference)
     y = inference.y
     if y.dim() != 3 or y.shape[1] < 5:
         raise ValueError(f"[yolo_func] postprocess: inference.y must be float[B, 4 + K + E, A], got shape {tuple(y.shape)}")
@@ -543,8 +547,7 @@ class _Selected(NamedTuple):
 
 
 def _check_letterbox(inference, mask_method, letterbox) -> None:
-    if not hasattr(inference, "y"):  # not an Inference: _select names the problem (TypeError)
-        return
+    _check_inference(inference)  # first: the letterbox checks read inference.y
     B = inference.y.shape[0]
     if letterbox is not None and len(letterbox) != B:
         raise ValueError(f"[yolo_func] postprocess: letterbox must hold one Letterbox per image ({B}), got {len(letterbox)}")
