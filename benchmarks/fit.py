@@ -248,7 +248,7 @@ def write_outputs(out: Path, stamp: str, meta: dict, rows: list[dict], summary: 
          f"{meta['task']} yolov8{meta['scale']}, {meta['imgsz']} px, {meta['epochs']} epochs, "
          f"{meta.get('train_images')} train + {meta.get('val_images')} val images ({meta.get('data_source')}), "
          f"{meta['workers']} workers, no RAM cache, plots off, validation every epoch; ours "
-         f"{'BF16' if meta['device'] != 'cpu' else 'float32'}, the reference AMP.", "",
+         f"{'BF16' if meta['device'] != 'cpu' else 'float32'}, train.vjp={meta.get('vjp', 'func')}, the reference AMP.", "",
          f"Before the timed fits, one untimed interpreter per trainer imported its modules (Python bytecode "
          f"cached, as on any machine after a first run): {meta.get('warm_imports_s', 'skipped (--no-warm-imports)')} s.", "",
          "## Runs", "",
@@ -317,6 +317,8 @@ def main() -> None:
     ap.add_argument("--no-ref", action="store_true", help="skip the reference trainer")
     ap.add_argument("--variants", nargs="+", default=["eager", "replay"], choices=["eager", "replay"],
                     help="our variants to run (e.g. only replay beside the reference)")
+    ap.add_argument("--vjp", default="func", choices=["func", "autograd"],
+                    help="our step's differentiation backend (train.vjp): 'autograd' never imports torch._dynamo")
     ap.add_argument("--ref-python", default=sys.executable, help="the interpreter that imports ultralytics")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--capture", default="auto", help="our replay level (train.capture) for the replay rows")
@@ -339,7 +341,7 @@ def main() -> None:
     tmp = tmp_dir("yolo_func_fitbench_")
     meta = host_meta(sys.argv)
     meta.update(task=args.task, scale=args.scale, imgsz=args.imgsz, epochs=args.epochs, workers=args.workers,
-                device=args.device, ref_python=args.ref_python, tmp=str(tmp))
+                device=args.device, ref_python=args.ref_python, tmp=str(tmp), vjp=args.vjp)
     print(f"writing the data under {tmp} ...", flush=True)
     data = make_data(args.data, args.task, args.images, args.val_images, tmp / "data")
     meta.update(train_images=data["train_images"], val_images=data["val_images"], data_source=data["source"])
@@ -372,7 +374,7 @@ def main() -> None:
                 "train_images": data["train_images"]}
         if kind == "ours":
             spec.update(recipe=RECIPE[args.task].format(s=args.scale), data=our_data, run_dir=str(tmp / "runs" / name),
-                        capture="none" if variant == "eager" else args.capture)
+                        capture="none" if variant == "eager" else args.capture, overrides=[f"train.vjp={args.vjp}"])
             env, py = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])), sys.executable
         else:
             spec.update(model=REF_YAML[args.task].format(s=args.scale), data=data["yolo"], project=str(tmp / "ref_runs"), name=name)

@@ -10,6 +10,8 @@ Low floor: imports only torch and :mod:`yolo_func.tree`.
 - :func:`flat_vjp`: ``torch.func.vjp`` whose trees cross the transform as flat leaf tuples.
 - :func:`autograd_vjp`: the same contract through ``torch.autograd``, for functions ``torch.func``
   cannot transform (``torch.compile``'d ones: AOTAutograd differentiates them).
+- :func:`vjp_backend`: which of the two :func:`flat_vjp` uses on this thread (``"func"`` by
+  default; ``"autograd"`` spares a process the ``torch._dynamo`` import of functorch's pullback).
 - :func:`cat`: ``torch.cat`` whose backward is one ``split`` instead of one ``slice`` per input.
 
 Example:
@@ -33,8 +35,8 @@ from torch.func import vjp
 
 from yolo_func import tree as T
 
-__all__ = ["autocast", "autocast_dtype", "autograd_vjp", "cat", "dynamo_imported", "eval_autocast_dtype", "first_order",
-           "flat_vjp", "vjp_through_autograd"]
+__all__ = ["VJP_BACKENDS", "autocast", "autocast_dtype", "autograd_vjp", "cat", "current_vjp_backend", "dynamo_imported",
+           "eval_autocast_dtype", "first_order", "flat_vjp", "vjp_backend", "vjp_through_autograd"]
 
 
 _AUTOCAST_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -143,18 +145,78 @@ def first_order(pullback: Callable) -> Callable:
 
 _VJP = threading.local()
 
+#: the differentiation backends of :func:`flat_vjp` (:func:`vjp_backend`)
+VJP_BACKENDS = ("func", "autograd")
+
+
+def current_vjp_backend() -> str:
+    """The backend :func:`flat_vjp` uses on this thread now: ``"func"`` (the default) or
+    ``"autograd"`` (inside :func:`vjp_backend`).
+
+    Example:
+      >>> from yolo_func.func import current_vjp_backend, vjp_backend
+      >>> with vjp_backend("autograd"):
+      ...     inside = current_vjp_backend()
+      >>> inside, current_vjp_backend()
+      ('autograd', 'func')
+    """
+    return "autograd" if getattr(_VJP, "autograd", False) else "func"
+
+
+@contextlib.contextmanager
+def vjp_backend(name: str) -> Iterator[None]:
+    """Within the block (this thread only), :func:`flat_vjp` differentiates through ``name``.
+
+    - ``"func"`` (the default outside any block): ``torch.func.vjp``. Composes with outer
+      ``torch.func`` transforms (``vmap`` of a step, per-sample gradients). Its first pullback in a
+      process imports ``torch._dynamo`` (functorch's backward enters
+      ``torch._dynamo.compiled_autograd._disable()``): measured 4.9-5.1 s of interpreter time on
+      the H200 host (``benchmarks/results/startup_*``), the largest piece of a short fit's start-up.
+    - ``"autograd"``: :func:`autograd_vjp` — every primal leaf replaced by a fresh
+      ``requires_grad`` leaf and one ``torch.autograd.grad`` call. The same forward bits and the
+      same backward kernels (the same dispatched ops, counted); the gradients equal ``"func"``'s
+      up to float summation order (autograd's engine accumulates a multiply-used tensor's
+      gradient in another order: ~1e-6 relative, measured on yolov8n). Never imports
+      ``torch._dynamo``. Does not compose with outer ``torch.func`` transforms.
+
+    Each backend is deterministic and a replayed step equals its own eager step bitwise
+    whichever backend both use; mixing backends between a replay and its eager reference does not.
+
+    Args:
+      name: ``"func"`` or ``"autograd"``.
+
+    Raises:
+      ValueError: any other name.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.func import flat_vjp, vjp_backend, current_vjp_backend
+      >>> with vjp_backend("autograd"):
+      ...     out, pullback, aux = flat_vjp(lambda p: ((p["w"] * 3).sum(), {}), {"w": torch.ones(2)})
+      ...     current_vjp_backend()
+      'autograd'
+      >>> pullback(torch.tensor(1.0))[0]["w"], current_vjp_backend()
+      (tensor([3., 3.]), 'func')
+    """
+    if name not in VJP_BACKENDS:
+        raise ValueError(f"[yolo_func] vjp backend must be one of {list(VJP_BACKENDS)}, got {name!r}")
+    before = getattr(_VJP, "autograd", False)
+    _VJP.autograd = name == "autograd"
+    try:
+        yield
+    finally:
+        _VJP.autograd = before
+
 
 @contextlib.contextmanager
 def vjp_through_autograd() -> Iterator[None]:
-    """Within the block (this thread only), :func:`flat_vjp` runs through :func:`autograd_vjp`.
+    """``vjp_backend("autograd")``, for warm-up runs whose results are discarded.
 
-    For warm-up runs whose results are discarded: before a capture, one eager run sets up the
-    CUDA state the step needs (kernel modules, cuDNN plans, cuBLAS handles) — the same kernels
-    through autograd as through ``torch.func`` — without functorch's pullback, whose first call
-    imports ``torch._dynamo`` (~5 s of interpreter time on the H200 host). A fit imports it on a
-    thread meanwhile, and the warm-up's GPU set-up (which releases the GIL) overlaps with it
-    instead of waiting for it (:class:`yolo_func.train.replay.ReplayTrainStep`). The values equal
-    ``torch.func``'s up to the backward's summation order; never use it for a step that counts.
+    Before a capture, one eager run sets up the CUDA state the step needs (kernel modules, cuDNN
+    plans, cuBLAS handles) — the same kernels through autograd as through ``torch.func`` —
+    without functorch's pullback, whose first call imports ``torch._dynamo``
+    (:func:`vjp_backend`). The values equal ``torch.func``'s up to the backward's summation order;
+    never use it for a step that counts under the ``"func"`` backend.
 
     Example:
       >>> import torch
@@ -164,12 +226,8 @@ def vjp_through_autograd() -> Iterator[None]:
       >>> pullback(torch.tensor(1.0))[0]["w"]
       tensor([3., 3.])
     """
-    before = getattr(_VJP, "autograd", False)
-    _VJP.autograd = True
-    try:
+    with vjp_backend("autograd"):
         yield
-    finally:
-        _VJP.autograd = before
 
 
 def dynamo_imported() -> bool:
@@ -211,7 +269,7 @@ def flat_vjp(fn: Callable[..., tuple[Any, Any]], *primals: Any):
       >>> out, aux, pullback(torch.tensor(1.0))[0]["w"]
       (tensor(6.), {'n': tensor(2.)}, tensor([3., 3.]))
     """
-    if getattr(_VJP, "autograd", False):  # vjp_through_autograd(): a warm-up run (see there)
+    if getattr(_VJP, "autograd", False):  # vjp_backend("autograd") (see there)
         return autograd_vjp(fn, *primals)
     flat, defs = [], []
     for p in primals:

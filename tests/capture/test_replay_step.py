@@ -99,6 +99,55 @@ def test_replay_level_equals_eager(task, batch, every, capture):
     _compare(eager, replay, f"{task} b{batch} acc{every} {capture}", captures=_captures(capture, model))
 
 
+@pytest.mark.parametrize("task", ["detect", "segment", "pose"])
+@pytest.mark.parametrize("capture", ["network", "network+heads", "step"])
+def test_replay_level_equals_eager_with_the_autograd_backend(task, capture, monkeypatch):
+    """``vjp="autograd"``: every level equals the eager step with the same backend, bitwise, and
+    ``torch.func.vjp`` is never called (it raises here)."""
+    import yolo_func.func as F
+
+    def no_functorch(*args, **kwargs):
+        raise AssertionError("torch.func.vjp called under vjp='autograd'")
+
+    monkeypatch.setattr(torch.func, "vjp", no_functorch)
+    monkeypatch.setattr(F, "vjp", no_functorch)
+    model = yolov8("n", task=task)
+    e, tx = ema(), _tx(1)
+    eager = _run(task, 4, 1, "none", 8, model, e, tx, vjp="autograd")
+    replay = _run(task, 4, 1, capture, 8, model, e, tx, vjp="autograd")
+    _compare(eager, replay, f"{task} autograd {capture}", captures=_captures(capture, model))
+
+
+def test_a_fresh_process_replaying_with_the_autograd_backend_never_imports_dynamo():
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    code = textwrap.dedent("""
+        import json, sys, torch
+        from yolo_func import yolov8
+        from yolo_func.optim import sgd
+        from yolo_func.testing.synthetic import synthetic_batch
+        from yolo_func.train import init_train_state
+        from yolo_func.train.replay import ReplayTrainStep
+        model = yolov8("n", task="segment", num_classes=5)
+        tx = sgd(0.01, momentum=0.9)
+        ts = init_train_state(model, tx, torch.Generator().manual_seed(0), device="cuda")
+        step = ReplayTrainStep(model, tx, capture="step", warmup=1, vjp="autograd")
+        for i in range(3):
+            ts, m = step(ts, synthetic_batch("segment", 4, 128, num_classes=5, max_boxes=8, seed=i, device="cuda"))
+        torch.cuda.synchronize()
+        print(json.dumps({"captures": step.cache.num_captures, "dynamo": "torch._dynamo" in sys.modules,
+                          "finite": bool(m["finite"])}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"captures": 1, "dynamo": False, "finite": True}
+
+
 @pytest.mark.parametrize("capture", ["network", "network+heads"])
 def test_network_levels_with_an_eager_update_equal_eager(capture):
     """``replay_update=False``: the guard, optimizer and EMA run eagerly after the replayed graphs."""

@@ -22,7 +22,7 @@ from yolo_func.capture import vjp as capture_vjp_module
 from yolo_func.capture.binder import Binder
 from yolo_func.capture.counter import count_capture
 from yolo_func.capture.whole_step import _static_tree
-from yolo_func.func import autocast, first_order
+from yolo_func.func import autocast, autograd_vjp, current_vjp_backend, first_order
 from yolo_func.optim import ema, multi_steps, sgd
 from yolo_func.structures import Batch
 from yolo_func.testing import assert_max_captures, assert_trees_all_equal
@@ -50,6 +50,9 @@ def _fake_capture_vjp(fn, params, state, x=(), *, warmup=3, autocast_dtype=None,
     static_p, static_s, static_x = T.tree_clone(params), T.tree_clone(state), T.tree_clone(x)
     inputs = Binder({"params": static_p, "state": static_s, "x": static_x}, autocast_dtype, what="inputs")
     box = {}
+
+    if vjp is None and current_vjp_backend() == "autograd":  # as the real capture_vjp resolves it
+        vjp = autograd_vjp
 
     def run():
         with autocast("cpu", autocast_dtype), (forward_context() if forward_context else _null()):
@@ -267,3 +270,24 @@ def test_compiled_levels_step_bitwise_like_the_compiled_eager_step(fake_capture)
         _assert_runs_equal(got, want, f"compiled {capture}")
     assert cm.compile_seconds == seconds  # nothing compiled again
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 3  # network, detect, segment: one graph each
+
+
+@pytest.mark.slow
+def test_autograd_backend_levels_step_bitwise_like_the_autograd_eager_step(fake_capture, model, monkeypatch):
+    """``vjp="autograd"`` reaches every path of every level (warm-ups, captures, replays, the
+    eager reference): ``torch.func.vjp`` raises throughout, and each level steps bitwise like the
+    eager step with the same backend."""
+    import yolo_func.func as F
+
+    def no_functorch(*args, **kwargs):
+        raise AssertionError("torch.func.vjp called under vjp='autograd'")
+
+    monkeypatch.setattr(torch.func, "vjp", no_functorch)
+    monkeypatch.setattr(F, "vjp", no_functorch)
+    want, _ = _run(model, "none", [32, 32, 32], vjp="autograd")
+    for capture in ("network", "network+heads", "step"):
+        n = _captures(capture, model)
+        with assert_max_captures(n=n) as made:
+            got, step = _run(model, capture, [32, 32, 32], vjp="autograd")
+        assert made.count == n and step.vjp == "autograd"
+        _assert_runs_equal(got, want, f"autograd backend, {capture}")

@@ -106,7 +106,7 @@ from yolo_func import tree as T
 from yolo_func.capture.binder import CAPTURE_ERROR_MODE, Binder, check_available, gc_paused
 from yolo_func.capture.counter import count_capture
 from yolo_func.capture.signature import CaptureSignature, check_autocast
-from yolo_func.func import autocast, first_order
+from yolo_func.func import autocast, autograd_vjp, current_vjp_backend, first_order
 
 __all__ = ["capture_vjp", "Captured", "CaptureStats", "StaticBuffers"]
 
@@ -313,8 +313,10 @@ def capture_vjp(
         (warm-up and capture), e.g. :func:`yolo_func.nn.update_stats_in_place` to record BN
         statistic updates straight into the static state buffers; None: no context.
       vjp: ``(f, params) -> (outputs, pullback, new_state)`` with ``f: params -> (outputs,
-        new_state)``, the differentiation recorded in both graphs; None: ``torch.func.vjp``
-        (``has_aux=True``). :func:`yolo_func.func.autograd_vjp` for a ``torch.compile``'d ``fn``
+        new_state)``, the differentiation recorded in both graphs; None: the calling thread's
+        backend (:func:`yolo_func.func.vjp_backend`): ``torch.func.vjp`` (``has_aux=True``), or
+        :func:`yolo_func.func.autograd_vjp` inside ``vjp_backend("autograd")``.
+        :func:`yolo_func.func.autograd_vjp` for a ``torch.compile``'d ``fn``
         (:class:`yolo_func.train.compiled.CompiledModel`).
 
     Returns:
@@ -347,6 +349,8 @@ def capture_vjp(
         raise TypeError(f"[yolo_func] capture_vjp: vjp must be callable (e.g. yolo_func.func.autograd_vjp) or None, "
                         f"got {type(vjp).__name__}")
     device = check_available({"params": params, "state": state, "x": x}, generators)
+    if vjp is None and current_vjp_backend() == "autograd":
+        vjp = autograd_vjp  # as the eager step differentiates on this thread (flat_vjp)
 
     static_params, static_state, static_x = T.tree_clone(params), T.tree_clone(state), T.tree_clone(x)
     inputs = Binder({"params": static_params, "state": static_state, "x": static_x}, autocast_dtype, what="inputs")

@@ -752,7 +752,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     if first.epoch < config.train.epochs:
         loader.set_epoch(first.epoch, start_batch=first.batch)
         loader.start()
-    _warm_imports()  # after the workers' fork: no child forked while a thread holds an import lock
+    if config.train.vjp == "func" or compile_mode != "none":  # both import torch._dynamo at the first step
+        _warm_imports()  # after the workers' fork: no child forked while a thread holds an import lock
     nb = len(loader)
     val_batch = config.val.batch_size or 2 * config.data.batch_size
     # a small validation set needs no more workers than it has batches (each is a fork of this process)
@@ -769,7 +770,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     # one eager warm-up run per capture: the first sets up every lazy CUDA state (kernels, cuDNN plans,
     # cuBLAS handles); more only add ~0.1 s per target bucket to a fit's start-up
     step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype, max_captures=8, warmup=1,
-                              grad_reduce=D.GradReducer() if ctx is not None else None, compile=compile_mode)
+                              grad_reduce=D.GradReducer() if ctx is not None else None, compile=compile_mode,
+                              vjp=config.train.vjp)
     compile_reported = 0.0  # compile seconds already written to events.jsonl
     if sync_bn:
         from yolo_func.nn import sync_batchnorm
@@ -802,7 +804,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     plots = config.train.plots
     say(f"training yolov8{config.model.scale} {task} ({config.model.num_classes} classes) on {device} "
         f"(capture {level!r}{', ' + str(dtype).removeprefix('torch.') if dtype else ''}"
-        f"{', compile ' + repr(compile_mode) if compile_mode != 'none' else ''}), {len(train_data)} train / "
+        f"{', compile ' + repr(compile_mode) if compile_mode != 'none' else ''}"
+        f"{', vjp ' + repr(config.train.vjp) if config.train.vjp != 'func' else ''}), {len(train_data)} train / "
         f"{len(val_data)} val images, {nb} batches of {config.data.batch_size} per epoch, run folder {rd.path}")
     if ctx is not None:
         say(f"data-parallel: {world} processes ({ctx.backend}), global batch {world * config.data.batch_size} "

@@ -55,7 +55,7 @@ import torch
 from yolo_func import tree as T
 from yolo_func._types import Feats
 from yolo_func.capture import CaptureCache, Captured, CaptureUnavailable, capture_step, capture_vjp
-from yolo_func.func import autocast_dtype, dynamo_imported, vjp_through_autograd
+from yolo_func.func import VJP_BACKENDS, autocast_dtype, dynamo_imported, vjp_backend, vjp_through_autograd
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_updates_
@@ -475,13 +475,17 @@ class ReplayTrainStep:
         (``capture="none"`` with the same ``compile``), not to the uncompiled one. Compiling
         happens at the first call per input shape (before capture); :attr:`compile_seconds` says
         how long it took (:mod:`yolo_func.train.compiled`).
+      vjp: the differentiation backend of every path (eager warm-ups, captures, fall-backs):
+        ``"func"`` (default, ``torch.func.vjp``) or ``"autograd"`` (no ``torch._dynamo`` import;
+        gradients equal ``"func"``'s up to summation order: :func:`yolo_func.func.vjp_backend`).
+        Every level is bitwise equal to the eager step with the same backend.
 
     Call: ``step(ts, batch) -> (ts, metrics)``; ``batch.images`` ``uint8[B, 3, H, W]`` (0..255) or
     ``float[B, 3, H, W]`` in [0, 1].
 
     Raises:
       ValueError: an unknown ``capture`` level, ``max_captures`` not an int >= 1,
-        ``grad_reduce`` with ``capture="step"``, or a bad ``compile`` value.
+        ``grad_reduce`` with ``capture="step"``, a bad ``compile`` value, or an unknown ``vjp``.
 
     Example:
       >>> import torch
@@ -501,9 +505,13 @@ class ReplayTrainStep:
     def __init__(self, model: Model, tx, *, ema=None, capture: str = "network", autocast_dtype: Any = "auto",
                  channels_last: bool | None = None, skip_nonfinite: bool = True, max_captures: int = 4,
                  warmup: int = 3, replay_update: bool = True, grad_reduce: Callable | None = None,
-                 compile: Any = False, reuse_buckets: bool = True):
+                 compile: Any = False, reuse_buckets: bool = True, vjp: str = "func"):
         if capture not in _LEVEL_CLASSES:
             raise ValueError(f"[yolo_func] capture must be one of {list(LEVELS)}, got {capture!r}")
+        if vjp not in VJP_BACKENDS:
+            raise ValueError(f"[yolo_func] vjp must be one of {list(VJP_BACKENDS)}, got {vjp!r}")
+        #: the differentiation backend (:func:`yolo_func.func.vjp_backend`)
+        self.vjp = vjp
         if grad_reduce is not None and capture == "step":
             raise ValueError("[yolo_func] capture='step' replays backward and update as one graph, so a gradient "
                              "all-reduce (grad_reduce) has no place between them; use capture='network+heads' or "
@@ -603,7 +611,7 @@ class ReplayTrainStep:
         # not with a gradient all-reduce (ranks would disagree on running it) nor compiled (dynamo
         # is imported by the compile anyway)
         if (not PREWARM or self.capture == "none" or not batch.images.is_cuda or self.grad_reduce is not None
-                or self.compiled is not None or dynamo_imported()):
+                or self.compiled is not None or self.vjp == "autograd" or dynamo_imported()):
             return
         with vjp_through_autograd():
             self._eager(ts, batch)
@@ -611,10 +619,12 @@ class ReplayTrainStep:
     # -- the step -------------------------------------------------------------------------------
     def __call__(self, ts: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         batch = self._prepare(batch)
-        if not self._prewarmed:
-            self._prewarm(ts, batch)
-        return self._level(ts, batch)
+        with vjp_backend(self.vjp):  # every path below (warm-ups, captures, fall-backs) differentiates alike
+            if not self._prewarmed:
+                self._prewarm(ts, batch)
+            return self._level(ts, batch)
 
     def __repr__(self) -> str:
         mode = "none" if self.compiled is None else self.compiled.mode
-        return f"ReplayTrainStep(capture={self.capture!r}, compile={mode!r}, cache={self.cache!r})"
+        vjp = "" if self.vjp == "func" else f", vjp={self.vjp!r}"
+        return f"ReplayTrainStep(capture={self.capture!r}, compile={mode!r}{vjp}, cache={self.cache!r})"

@@ -43,7 +43,7 @@ import torch
 from yolo_func import tree as T
 from yolo_func._types import Assignment, Feats
 from yolo_func.assign.tal import assign_from_detect
-from yolo_func.func import autocast, first_order, flat_vjp  # re-exported: they live in yolo_func.func
+from yolo_func.func import autocast, first_order, flat_vjp, vjp_backend  # re-exported: they live in yolo_func.func
 from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
@@ -346,7 +346,7 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
 
 def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, autocast_dtype: torch.dtype | None = None,
                skip_nonfinite: bool = True, assign_kw: Mapping | None = None,
-               grad_reduce: Callable | None = None, compiled=None) -> tuple[TrainState, dict]:
+               grad_reduce: Callable | None = None, compiled=None, vjp: str | None = None) -> tuple[TrainState, dict]:
     """One eager training step (pure: returns a new state, never writes the old one).
 
     Args:
@@ -365,6 +365,10 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
       grad_reduce: as :func:`finish_step` (data-parallel: the gradient all-reduce).
       compiled: a :class:`yolo_func.train.compiled.CompiledModel` of ``model``: the network and
         heads run compiled (differentiated through autograd); None: plain ``torch.func``.
+      vjp: the differentiation backend, ``"func"`` or ``"autograd"``
+        (:func:`yolo_func.func.vjp_backend`: same kernels, gradients equal up to summation order,
+        ``"autograd"`` never imports ``torch._dynamo``); None: the calling thread's (``"func"``
+        unless inside a ``vjp_backend`` block).
 
     Returns:
       ``(new TrainState, metrics)``: metrics hold ``loss/<head>/<part>`` (the reference's loss
@@ -386,6 +390,11 @@ def train_step(ts: TrainState, batch: Batch, *, model: Model, tx, ema=None, auto
       (1, 0, True, ['loss/detect/box', 'loss/detect/cls', 'loss/detect/dfl'])
     """
     check_batch(batch, in_channels=model.in_channels)  # metadata only: no host sync, safe under capture
+    if vjp is not None:
+        with vjp_backend(vjp):
+            return train_step(ts, batch, model=model, tx=tx, ema=ema, autocast_dtype=autocast_dtype,
+                              skip_nonfinite=skip_nonfinite, assign_kw=assign_kw, grad_reduce=grad_reduce,
+                              compiled=compiled)
     images = batch.images
     feats, net_pullback, net_state = network_vjp(model, ts.params["network"], ts.state["network"], images,
                                                  autocast_dtype=autocast_dtype, compiled=compiled)
