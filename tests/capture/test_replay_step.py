@@ -99,7 +99,7 @@ def test_replay_level_equals_eager(task, batch, every, capture):
     _compare(eager, replay, f"{task} b{batch} acc{every} {capture}", captures=_captures(capture, model))
 
 
-@pytest.mark.parametrize("task", ["detect", "segment", "pose"])
+@pytest.mark.parametrize("task", ["detect", "segment"])
 @pytest.mark.parametrize("capture", ["network", "network+heads", "step"])
 def test_replay_level_equals_eager_with_the_autograd_backend(task, capture, monkeypatch):
     """``vjp="autograd"``: every level equals the eager step with the same backend, bitwise, and
