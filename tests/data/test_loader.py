@@ -359,3 +359,46 @@ def test_start_loads_ahead_and_the_iteration_continues_from_there(tmp_path):
     got += [b.images.clone() for b in early]
     early.close()
     assert len(got) == len(expected) == 3 + 4 and all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+class _NoSizes:
+    """A dataset view without ``image_sizes`` (header sizes via ``image_path``) or without both (decode)."""
+
+    def __init__(self, ds, with_paths: bool):
+        self.ds, self.task, self.names = ds, ds.task, ds.names
+        if with_paths:
+            self.image_path = ds.image_path
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return self.ds[i]
+
+
+@pytest.mark.parametrize("task", ["detect", "segment"])
+def test_val_loader_takes_sizes_without_decoding(task, tmp_path, monkeypatch):
+    # CocoDataset.image_sizes (the JSON's, checked when read) and the files' headers give the rect
+    # shapes; no image is decoded at construction (it was decoded twice per validation before:
+    # once for its shape, once for the batch), and the batches equal those of decoded shapes.
+    from yolo_func.data import builtin_dataset, coco
+
+    ds = builtin_dataset(task, "val", root=tmp_path / "data", num_images=7)
+    decoded = np.asarray([ds[i].image.shape[:2] for i in range(len(ds))])
+    assert len({tuple(s) for s in decoded}) > 1, "the fixture should have images of several shapes"
+    want = list(ValLoader(ds, batch_size=3, image_size=64, workers=0, shapes=decoded, pin_memory=False))
+    calls = []
+    real = coco.read_image
+    monkeypatch.setattr(coco, "read_image", lambda p: calls.append(p) or real(p))
+    for source in (ds, _NoSizes(ds, with_paths=True)):
+        loader = ValLoader(source, batch_size=3, image_size=64, workers=2, pin_memory=False)
+        assert calls == [], f"{type(source).__name__}: images decoded at construction"
+        np.testing.assert_array_equal(loader.batch_shapes, want_shapes := ValLoader(
+            ds, batch_size=3, image_size=64, workers=0, shapes=decoded, pin_memory=False).batch_shapes)
+        _assert_val_batches_equal(list(loader), want)
+        calls.clear()
+    # no sizes and no paths: each image decoded once for its shape, the same batches
+    loader = ValLoader(_NoSizes(ds, with_paths=False), batch_size=3, image_size=64, workers=0, pin_memory=False)
+    assert len(calls) == len(ds)
+    np.testing.assert_array_equal(loader.batch_shapes, want_shapes)
+    _assert_val_batches_equal(list(loader), want)

@@ -42,6 +42,7 @@ from yolo_func.data.augment import (
     record_rng,
 )
 from yolo_func.data.collate import batch_images, collate, format_record
+from yolo_func.data.images import image_size as image_size_of
 from yolo_func.structures.records import Batch, Targets
 from yolo_func.structures.targets import targets_from_lists
 
@@ -622,8 +623,11 @@ class ValLoader:
       image_size: long side (640).
       workers: parallel readers: threads (``backend="threads"``) or DataLoader worker processes.
       task: default ``dataset.task``.
-      shapes: int[N, 2] (h, w) of every original image; default ``dataset.image_shapes`` when the
-        dataset has it, else every image is read once at construction (``workers`` threads).
+      shapes: int[N, 2] (h, w) of every original image; default ``dataset.image_sizes`` when the
+        dataset has it (:class:`CocoDataset`: the JSON's sizes, which reading checks;
+        :class:`YoloDataset`: the image headers), else each file's header size when the dataset
+        has ``image_path(i)`` (:func:`yolo_func.data.images.image_size`), else every image is
+        decoded once at construction (``workers`` threads).
       stride, pad: rect batch rounding (32, 0.5).
       pin_memory: default True when CUDA is available.
       backend: ``"threads"`` (default): the images of the next batches are read by a pool of
@@ -663,9 +667,9 @@ class ValLoader:
             raise ValueError(f"[yolo_func] ValLoader: shard must be (rank, world_size) with 0 <= rank < world_size, got {shard}")
         self.shard = (int(rank), int(world))
         if shapes is None:
-            shapes = getattr(dataset, "image_shapes", None)
+            shapes = getattr(dataset, "image_sizes", None)
         self._source = _Source(dataset, self.task, image_size)
-        if shapes is None:  # decode every image once (threads: OpenCV releases the GIL)
+        if shapes is None:  # header sizes, else decode every image once (threads: OpenCV releases the GIL)
             with ThreadPoolExecutor(max(workers, 1)) as ex:
                 shapes = list(ex.map(lambda i: self._shape(i, image_size), range(len(dataset))))
         shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
@@ -682,7 +686,10 @@ class ValLoader:
                                        pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
 
     def _shape(self, index: int, image_size: int) -> tuple[int, int]:
+        path_of = getattr(self._source.dataset, "image_path", None)
         try:
+            if path_of is not None:  # the header alone (a decode only for formats without a readable header)
+                return image_size_of(path_of(index))
             return self._source.dataset[index].image.shape[:2]
         except Exception as e:  # noqa: BLE001 -- bad sample policy (class docstring)
             self._source.errors[index] = f"{type(e).__name__}: {e}"
