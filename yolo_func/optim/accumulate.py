@@ -5,7 +5,9 @@ The reference (REFERENCE.md §4.3, trap T12) sums the gradients of consecutive m
 ``accumulate`` ramps from 1 to ``nbs/batch`` during warmup. :func:`multi_steps` does the same as a
 pure transform: every call adds the micro-batch gradient into its own buffers, runs the inner
 transform on the sum, and keeps its result only when the call steps, selected on the device (no
-host branch), so the whole thing can sit inside a captured training step.
+host branch), so the whole thing can sit inside a captured training step. On a plain CPU tensor in
+eager mode the ``stepped`` flag is read on the host (:func:`yolo_func.optim.base.host_flag`) to skip
+the passes that are exact copies (``x * 1``); the results are the same bits.
 """
 
 from __future__ import annotations

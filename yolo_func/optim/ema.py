@@ -6,7 +6,9 @@ floating-point leaf. ``torch.lerp`` is the operation the reference's EMA matches
 against it as a black box); ``d`` is computed in float64 as the reference does in Python. The count
 and the decay live on the device; an optional ``stepped`` flag (the training step passes
 :class:`yolo_func.optim.ApplyIfFiniteState`'s, false on accumulating micro-steps and on skipped
-non-finite ones) makes the update a no-op on those calls without a host branch.
+non-finite ones) makes the update a no-op on those calls without a host branch. On the CPU in
+eager mode the weight is read on the host and the lerp is one ``_foreach_lerp`` over the leaves
+(the same bits as the flat-buffer lerp).
 """
 
 from __future__ import annotations
