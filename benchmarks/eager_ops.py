@@ -5,7 +5,7 @@
     python benchmarks/eager_ops.py --device cuda --size 640 --batch 4 --bf16 --time --repeats 30   # GPU
     # side by side with the reference's eager step (needs ``ultralytics``, e.g. the oracle venv):
     YOLO_OFFLINE=1 YOLO_CONFIG_DIR=$(mktemp -d) PYTHONPATH=$PWD /work/oracle-venv/bin/python \
-        benchmarks/eager_ops.py --top 0 --size 320 --batch 8 --time --repeats 9 --reference
+        benchmarks/eager_ops.py --top 0 --size 320 --batch 8 --time --repeats 9 --reference --reference-trainer
 
 The step is :func:`yolo_func.train.train_step` with the reference recipe: ``yolo_sgd(...).tx``
 (clip, three groups of Nesterov SGD, accumulation) and ``ema()``, float32, NCHW on the CPU. Ops are
@@ -21,6 +21,13 @@ batch and size, alternating step by step with ours: ``benchmarks/step.py``'s ``r
 ``torch.optim.SGD``, ``zero_grad``; float32 unless ``--bf16``). It does no gradient clipping, no
 EMA and no non-finite guard, which ours does. Its synthetic batch has the same boxes (same seed and
 box counts) converted to the reference's flat form.
+
+``--reference-trainer`` (with ``--time``) also times the step the reference's *trainer* takes
+(shared/REFERENCE.md §4.3: clip the total gradient L2 norm to 10.0 between the backward and the
+optimizer step; §4.4: one EMA update of every floating-point state-dict entry after it), the
+comparable work to ours: the same closure plus ``torch.nn.utils.clip_grad_norm_`` and an EMA
+written with plain public torch (``benchmarks/step.py``'s ``_reference(trainer=True)``; a second
+reference model). With both flags the three steps alternate: ours, reference, reference trainer.
 """
 
 from __future__ import annotations
@@ -88,6 +95,9 @@ def main() -> int:
     ap.add_argument("--bf16", action="store_true", help="BF16 autocast (as benchmarks/step.py's eager variant)")
     ap.add_argument("--reference", action="store_true",
                     help="with --time: also time the reference's eager step (benchmarks/step.py's ref_nchw), alternating")
+    ap.add_argument("--reference-trainer", action="store_true",
+                    help="with --time: also time the reference step plus its trainer's gradient clipping (max norm "
+                         "10) and EMA update (REFERENCE.md §4.3-4.4), alternating")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,13 +115,16 @@ def main() -> int:
     for op, n in collections.Counter(total.by_op).most_common(args.top) if args.top else []:
         print(f"  {n:6d}  {op}")
     if args.time:
-        ref_run = None
-        if args.reference:
+        refs = {}
+        if args.reference or args.reference_trainer:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
             from step import _reference  # noqa: E402  (benchmarks/step.py)
 
-            ref_run = _reference(args.task, args.batch, False, device=args.device, size=args.size, autocast_dtype=ac,
-                                 max_boxes=8, min_boxes=2)
+            kw = dict(device=args.device, size=args.size, autocast_dtype=ac, max_boxes=8, min_boxes=2)
+            if args.reference:
+                refs["reference"] = _reference(args.task, args.batch, False, **kw)
+            if args.reference_trainer:
+                refs["ref+clip+ema"] = _reference(args.task, args.batch, False, trainer=True, **kw)
         sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
         def timed(fn):
@@ -126,19 +139,20 @@ def main() -> int:
         def ours():
             state["ts"], _ = train_step(state["ts"], b, model=model, tx=tx, ema=e, autocast_dtype=ac)
 
-        times, ref_times = [], []
+        runs = {"ours": ours, **refs}
+        times = {name: [] for name in runs}
         for _ in range(args.repeats + 1):  # the first of each is a warm-up
-            times.append(timed(ours))
-            if ref_run is not None:
-                ref_times.append(timed(ref_run))
-        rows = [("ours", times[1:])] + ([("reference", ref_times[1:])] if ref_run is not None else [])
+            for name, fn in runs.items():  # alternating step by step
+                times[name].append(timed(fn))
+        times = {name: t[1:] for name, t in times.items()}
         print(f"\nstep time over {args.repeats} steps ({torch.get_num_threads()} threads"
-              f"{', alternating with the reference' if ref_run is not None else ''}):")
-        for name, ts_ in rows:
-            print(f"  {name:10s} median {1000 * statistics.median(ts_):.1f} ms, min {1000 * min(ts_):.1f} ms, "
+              f"{', alternating ' + ', '.join(runs) if refs else ''}):")
+        for name, ts_ in times.items():
+            print(f"  {name:13s} median {1000 * statistics.median(ts_):.1f} ms, min {1000 * min(ts_):.1f} ms, "
                   f"all {[round(1000 * t, 1) for t in ts_]}")
-        if ref_run is not None:
-            print(f"  ours / reference (medians): {statistics.median(times[1:]) / statistics.median(ref_times[1:]):.3f}")
+        for name in refs:
+            print(f"  ours / {name} (medians): {statistics.median(times['ours']) / statistics.median(times[name]):.3f}"
+                  f", (minima): {min(times['ours']) / min(times[name]):.3f}")
     return 0
 
 

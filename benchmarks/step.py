@@ -37,6 +37,7 @@ import argparse
 import datetime as dt
 import gc
 import json
+import math
 import os
 import statistics
 import sys
@@ -123,11 +124,19 @@ def _floor(task, batch, compiled=None):
 
 
 def _reference(task, batch, channels_last, *, device="cuda", size=640, autocast_dtype=torch.bfloat16,
-               max_boxes=16, min_boxes=4):
+               max_boxes=16, min_boxes=4, trainer=False):
     """The reference's eager step as a ``run()`` closure: its model from the yaml, its criterion on a
     batch dict (public API only), ``loss.sum().backward()``, ``torch.optim.SGD`` (Nesterov) step,
     ``zero_grad``. ``device="cpu"`` and ``autocast_dtype=None`` give the CPU float32 step
-    (``benchmarks/eager_ops.py --reference``)."""
+    (``benchmarks/eager_ops.py --reference``).
+
+    ``trainer=True`` adds what the reference's trainer does around that step (shared/REFERENCE.md
+    §4.3 and §4.4), written here with plain public torch (not the reference's code): after the
+    backward ``torch.nn.utils.clip_grad_norm_(params, max_norm=10.0)``, then the SGD step and
+    ``zero_grad``, then an EMA update of every floating-point ``state_dict()`` entry (parameters and
+    BN running statistics, not ``num_batches_tracked``): ``d = 0.9999 * (1 - exp(-u / 2000))`` with
+    ``u`` the updates including this one, ``ema.lerp_(model, 1 - d)`` (= ``ema + (1 - d)(model -
+    ema)``), one in-place op per entry. No GradScaler (float32; the benchmark is the CPU step)."""
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_CONFIG_DIR", "/tmp/ycfg")
     from ultralytics.cfg import get_cfg
@@ -161,13 +170,26 @@ def _reference(task, batch, channels_last, *, device="cuda", size=640, autocast_
         flat["keypoints"] = kp
     images = b.images.contiguous(memory_format=torch.channels_last) if channels_last else b.images
 
+    params = [p for p in ref.parameters() if p.requires_grad]
+    ema_sd = {k: v.detach().clone() for k, v in ref.state_dict().items() if v.dtype.is_floating_point}
+    updates = [0]
+
     def run():
         with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             preds = ref(images)
             loss, _ = crit(preds, flat)
         loss.sum().backward()
+        if trainer:
+            torch.nn.utils.clip_grad_norm_(params, max_norm=10.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if trainer:
+            with torch.no_grad():
+                updates[0] += 1
+                d = 0.9999 * (1 - math.exp(-updates[0] / 2000))
+                msd = ref.state_dict()
+                for k, e in ema_sd.items():
+                    e.lerp_(msd[k], 1 - d)
 
     return run
 

@@ -376,6 +376,7 @@ class _Cat(torch.autograd.Function):
 
 
 _CAT_FUNCTION = True  # tests switch it off to compare with plain torch.cat
+_CAT_ON_CPU = False  # tests switch it on to run the Function on CPU tensors
 
 
 def cat(xs, dim: int = 0) -> torch.Tensor:
@@ -383,8 +384,9 @@ def cat(xs, dim: int = 0) -> torch.Tensor:
 
     Autograd's backward of ``torch.cat`` over ``n`` inputs dispatches ``n`` ``slice`` ops; this
     one dispatches one ``split_with_sizes`` giving the same views (the network's C2f blocks, SPPF
-    and neck concatenations, the heads' level flattening). Inside ``torch.compile`` (and when no
-    input needs a gradient) it is ``torch.cat`` itself.
+    and neck concatenations, the heads' level flattening). Inside ``torch.compile``, when no
+    input needs a gradient, and for CPU tensors (where the Function's host cost outweighs the ops
+    it saves) it is ``torch.cat`` itself.
 
     Args:
       xs: sequence of tensors, equal shapes except along ``dim``.
@@ -405,6 +407,11 @@ def cat(xs, dim: int = 0) -> torch.Tensor:
     """
     xs = tuple(xs)
     if (not _CAT_FUNCTION or torch.compiler.is_compiling() or not torch.is_grad_enabled()
-            or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)):
+            or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs)
+            or (xs[0].is_cpu and not _CAT_ON_CPU)):
+        # On the CPU the Function costs more host time than the slices it saves: under torch.func
+        # (the eager step's default vjp) functorch builds a single-level Function class per call
+        # (about 0.3 ms; 15 calls: +6 ms of a 65 ms step at 64 px, benchmarks/results/eager_ops_2026-12-05.md).
+        # Both vjp backends take this branch, so they keep dispatching the same ops.
         return torch.cat(xs, dim)
     return _Cat.apply(dim if dim >= 0 else dim + xs[0].dim(), *xs)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from yolo_func import tree as T
 from yolo_func.optim import (adamw, apply_if_finite, apply_updates, chain, clip_by_global_norm, ema, flat,
                              multi_steps, partition, sgd, yolo_param_labels)
+from yolo_func.optim.base import set_host_flags
 from yolo_func.testing import assert_trees_all_equal
 
 from optim_helpers import random_grads, small_params
@@ -178,12 +179,19 @@ def test_guarded_optimizer_and_ema_are_bitwise_equal_with_flat_buffers(kind, lr,
                                                                        channels_last, seed):
     tx = _yolo_like(lr, momentum, wd, every) if kind == "sgd" else _adamw_groups(lr, wd)
     params = small_params(seed % 1000, dtype)
-    new = _run(tx, params, 7, seed, channels_last)
-    with recognition(False):
-        old = _run(tx, params, 7, seed, channels_last)
-    for a, b in zip(new, old):
+    host = _run(tx, params, 7, seed, channels_last)  # CPU fast path: flags read on the host
+    old_flags = set_host_flags(False)  # the device form (as on a GPU): selects over flat buffers
+    try:
+        new = _run(tx, params, 7, seed, channels_last)
+        with recognition(False):
+            old = _run(tx, params, 7, seed, channels_last)
+    finally:
+        set_host_flags(old_flags)
+    for a, b, c in zip(new, old, host):
         assert_trees_all_equal(a, b, strict=True)
-    # The carried state lives in flat buffers after a step (what the next step reads without a copy).
+        assert_trees_all_equal(c, b, strict=True)
+    # The device form's carried state lives in flat buffers after a step (what the next step reads
+    # without a copy).
     _, _, state, es = new[-1]
     floats = [x for x in T.tree_leaves(state.inner_state) if x.is_floating_point() and x.dim() > 0]
     assert flat.flat_base(floats) is not None
@@ -200,7 +208,11 @@ def test_in_place_copies_into_flat_backed_state_keep_the_buffer():
     base = flat.flat_base(floats)
     assert base is not None
     ptr = base.data_ptr()
-    _, new_state = guard.update(random_grads(params, torch.Generator().manual_seed(1)), state, params)
+    old_flags = set_host_flags(False)  # a captured step runs the device form
+    try:
+        _, new_state = guard.update(random_grads(params, torch.Generator().manual_seed(1)), state, params)
+    finally:
+        set_host_flags(old_flags)
     T.tree_copy_(state, new_state)
     assert flat.flat_base(floats) is base and base.data_ptr() == ptr
     assert_trees_all_equal(state.inner_state, new_state.inner_state)

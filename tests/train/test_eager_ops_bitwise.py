@@ -196,10 +196,13 @@ def test_dfl_loss_value_and_gradient_are_bitwise_the_old_ones(dtype):
 
 # -- func.cat: one split in the backward instead of a slice per input -------------------------------
 
-def test_cat_forward_and_vjp_are_bitwise_torch_cat():
+def test_cat_forward_and_vjp_are_bitwise_torch_cat(monkeypatch):
     from torch.func import vjp
 
+    import yolo_func.func as func
     from yolo_func.func import cat
+
+    monkeypatch.setattr(func, "_CAT_ON_CPU", True)  # the Function itself (CPU tensors get torch.cat)
 
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(2, c, 5, 3, generator=gen) for c in (3, 1, 4)]
@@ -221,7 +224,8 @@ def test_cat_forward_and_vjp_are_bitwise_torch_cat():
 @pytest.mark.parametrize("task", ["detect", "segment"])
 def test_train_step_with_func_cat_is_bitwise_the_plain_cat_step(task, monkeypatch):
     """Two whole eager steps (network, heads, losses, optimizer, EMA) with ``func.cat`` and with
-    plain ``torch.cat``: bit for bit the same state and metrics."""
+    plain ``torch.cat``: bit for bit the same state and metrics (``_CAT_ON_CPU``: the step uses
+    ``torch.cat`` for CPU tensors otherwise)."""
     import yolo_func.func as func
     from yolo_func import yolov8
     from yolo_func.optim import ema
@@ -236,6 +240,7 @@ def test_train_step_with_func_cat_is_bitwise_the_plain_cat_step(task, monkeypatc
     runs = []
     for on in (True, False):
         monkeypatch.setattr(func, "_CAT_FUNCTION", on)
+        monkeypatch.setattr(func, "_CAT_ON_CPU", True)
         ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), ema=e)
         for _ in range(2):
             ts, m = train_step(ts, b, model=model, tx=opt.tx, ema=e)

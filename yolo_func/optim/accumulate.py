@@ -5,7 +5,9 @@ The reference (REFERENCE.md §4.3, trap T12) sums the gradients of consecutive m
 ``accumulate`` ramps from 1 to ``nbs/batch`` during warmup. :func:`multi_steps` does the same as a
 pure transform: every call adds the micro-batch gradient into its own buffers, runs the inner
 transform on the sum, and keeps its result only when the call steps, selected on the device (no
-host branch), so the whole thing can sit inside a captured training step.
+host branch), so the whole thing can sit inside a captured training step. On a plain CPU tensor in
+eager mode the ``stepped`` flag is read on the host (:func:`yolo_func.optim.base.host_flag`) to skip
+the passes that are exact copies (``x * 1``); the results are the same bits.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, NamedTuple, Union
 import torch
 
 from yolo_func import tree as T
-from yolo_func.optim.base import GradientTransformation, Updates, _reject_unknown, _select, _zero_count
+from yolo_func.optim.base import GradientTransformation, Updates, _reject_unknown, _select, _zero_count, host_flag
 
 __all__ = ["MultiStepsState", "multi_steps", "scaled_weight_decay", "nominal_accumulate"]
 
@@ -130,16 +132,19 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
         stepped = (ni - state.last_step) >= every_at(ni)
         inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, iteration=ni)
         u_leaves, u_def = T.tree_flatten(inner_u)
-        if u_leaves:
-            # An exact copy when stepping (x*1), zeros otherwise (x*0), fused over the tree.
+        known = host_flag(stepped)  # True / False on the CPU (a free read), None on a GPU
+        if u_leaves and known is not True:
+            # An exact copy when stepping (x*1), zeros otherwise (x*0), fused over the tree;
+            # skipped when the CPU read says stepping (x*1 is x).
             u_leaves = torch._foreach_mul(u_leaves, stepped.to(u_leaves[0].dtype))
         old_s, s_def = T.tree_flatten(state.inner_state)
         new_s, new_def = T.tree_flatten(inner_new)
         if s_def != new_def:
             raise ValueError("[yolo_func] multi_steps: the inner transform changed its state structure between calls")
         inner_state = T.tree_unflatten(s_def, _select(stepped, new_s, old_s))
-        if acc:
-            # Reset the sum after a step (last: the inner results above may read these buffers).
+        if acc and known is not False:
+            # Reset the sum after a step (last: the inner results above may read these buffers);
+            # skipped when the CPU read says accumulating (acc*1 is acc).
             torch._foreach_mul_(acc, (~stepped).to(acc[0].dtype))
         new_state = MultiStepsState(
             count=state.count + 1,

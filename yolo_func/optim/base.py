@@ -294,6 +294,54 @@ def finite_scalar(x: torch.Tensor) -> torch.Tensor:
     return (x - x) == 0
 
 
+_HOST_FLAGS = True
+
+
+def set_host_flags(on: bool) -> bool:
+    """Turn the CPU fast path of :func:`host_flag` on or off (process-wide); returns the old value.
+
+    Off, every select stays a device-side ``torch.where`` / multiply as on a GPU. For parity tests
+    and benchmarks: the results are the same bits either way.
+    """
+    global _HOST_FLAGS
+    old, _HOST_FLAGS = _HOST_FLAGS, bool(on)
+    return old
+
+
+def host_flag(flag: torch.Tensor) -> bool | None:
+    """The value of a ``bool[]`` flag when reading it costs nothing, else None.
+
+    A plain CPU tensor in eager mode has no device to wait for, so a select on it can be a Python
+    branch (``where(flag, new, old)`` is ``new`` or ``old`` whole: the same bits, without a pass
+    over a model-sized buffer). Everywhere else — a GPU (a read would synchronise the host and
+    break graph capture), meta tensors, tensor subclasses (fake tensors), ``torch.func``
+    transforms, ``torch.compile`` tracing, or after :func:`set_host_flags` ``(False)`` — the
+    caller keeps its device-side select.
+
+    Args:
+      flag: ``bool[]`` (0-dim).
+
+    Returns:
+      ``True`` / ``False`` on the CPU fast path, else ``None``.
+
+    Example:
+      >>> import torch
+      >>> host_flag(torch.tensor(True)), host_flag(torch.tensor(True, device="meta"))
+      (True, None)
+    """
+    if flag.dtype != torch.bool or not host_readable(flag):
+        return None
+    return bool(flag)
+
+
+def host_readable(x: torch.Tensor) -> bool:
+    """Whether :func:`host_flag`'s fast path may read the 0-dim tensor ``x`` on the host: a plain
+    CPU tensor in eager mode (not meta, not a subclass, not inside ``torch.func`` transforms or
+    ``torch.compile`` tracing) while :func:`set_host_flags` is on."""
+    return (_HOST_FLAGS and type(x) is torch.Tensor and x.device.type == "cpu" and x.dim() == 0
+            and not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(x))
+
+
 def _as_leaf_scalar(x: torch.Tensor | float, like: list[torch.Tensor]) -> torch.Tensor | float:
     """Cast a float64 device scalar to the leaves' dtype (floats pass through). Inside
     ``schedule_memo()`` a value shared by several parameter groups (the momentum, a learning rate)
@@ -315,6 +363,10 @@ def _select(flag: torch.Tensor, new: list[torch.Tensor], old: list[torch.Tensor]
     """
     if not new:
         return []
+    if host_flag(flag) is True:
+        # f = 1 read on the host (CPU): new * 1 is new exactly, so only old * 0 is added (the zero
+        # keeps its sign rule: new + old*0 is what the device form gives, -0.0 included).
+        return _select_true(new, old)
     out: list[torch.Tensor | None] = [None] * len(new)
     f_idx = [i for i, x in enumerate(new) if x.is_floating_point()]
     o_idx = [i for i, x in enumerate(new) if not x.is_floating_point()]
@@ -330,3 +382,22 @@ def _select(flag: torch.Tensor, new: list[torch.Tensor], old: list[torch.Tensor]
     for i in o_idx:
         out[i] = torch.where(flag, new[i], old[i])
     return out  # type: ignore[return-value]
+
+
+def _select_true(new: list[torch.Tensor], old: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`_select` with the flag known true on the host: ``new + 0 * old`` for float leaves
+    (one fused ``add(new, old, alpha=0)``), ``new`` for the others.
+
+    The device form computes ``new * 1 + old * 0``. ``new * 1`` is ``new``; ``0 * old`` is an
+    exact ``±0`` (sign of ``old``) or NaN (``old`` infinite or NaN), whether it is rounded alone or
+    inside a fused multiply-add, so every result that is not NaN has the same bits (``-0.0`` vs
+    ``+0.0`` included); NaN stays NaN (its sign bit may differ; a NaN state belongs to a step the
+    non-finite guard discards). ``tests/optim/test_host_flags.py`` checks the special values.
+    """
+    out = list(new)
+    f_idx = [i for i, x in enumerate(new) if x.is_floating_point()]
+    if f_idx:
+        sel = torch._foreach_add([new[i] for i in f_idx], [old[i] for i in f_idx], alpha=0.0)
+        for i, x in zip(f_idx, sel):
+            out[i] = x
+    return out

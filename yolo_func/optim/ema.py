@@ -6,7 +6,9 @@ floating-point leaf. ``torch.lerp`` is the operation the reference's EMA matches
 against it as a black box); ``d`` is computed in float64 as the reference does in Python. The count
 and the decay live on the device; an optional ``stepped`` flag (the training step passes
 :class:`yolo_func.optim.ApplyIfFiniteState`'s, false on accumulating micro-steps and on skipped
-non-finite ones) makes the update a no-op on those calls without a host branch.
+non-finite ones) makes the update a no-op on those calls without a host branch. On the CPU in
+eager mode the weight is read on the host and the lerp is one ``_foreach_lerp`` over the leaves
+(the same bits as the flat-buffer lerp).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from yolo_func import tree as T
 from yolo_func.optim import flat
-from yolo_func.optim.base import _reject_unknown, _zero_count
+from yolo_func.optim.base import _reject_unknown, _zero_count, host_readable
 
 __all__ = ["EmaState", "Ema", "ema", "ema_decay"]
 
@@ -131,11 +133,35 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
         if idx:
             ef = [e_leaves[i] for i in idx]
             mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
-            with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
-                lerped = flat.leafwise(lambda e, m: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device)), ef, mf,
-                                       fn_out=lambda e, m, out: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device), out=out))
+            if all(x.device.type == "cpu" for x in ef) and host_readable(w):
+                # CPU, eager: one fused lerp over the leaves with the weight read on the host (no
+                # gathering copy of the model into a buffer, no views of a result buffer). The
+                # same bits: the weight is the float the device form casts it to, and each element
+                # goes through the same lerp kernel, per leaf or in one buffer.
+                lerped = _lerp_by_dtype(ef, mf, w)
+            else:
+                with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
+                    lerped = flat.leafwise(
+                        lambda e, m: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device)), ef, mf,
+                        fn_out=lambda e, m, out: torch.lerp(e, m, w.to(dtype=e.dtype, device=e.device), out=out))
             for i, x in zip(idx, lerped):
                 out[i] = x
         return EmaState(count=count, ema=T.tree_unflatten(treedef, out))
 
     return Ema(init, update)
+
+
+def _lerp_by_dtype(ef: list[torch.Tensor], mf: list[torch.Tensor], w: torch.Tensor) -> list[torch.Tensor]:
+    """``[lerp(e, m, w.to(e.dtype)) for e, m]`` with one ``_foreach_lerp`` per dtype (CPU leaves,
+    ``w`` a CPU float64[] read on the host)."""
+    out: list = [None] * len(ef)
+    groups: dict = {}
+    for i, x in enumerate(ef):
+        groups.setdefault(x.dtype, []).append(i)
+    with torch.no_grad():
+        for dtype, idx in groups.items():
+            weight = w.to(dtype).item()  # the float the device form multiplies with, as a Python float
+            res = torch._foreach_lerp([ef[i] for i in idx], [mf[i] for i in idx], weight)
+            for i, x in zip(idx, res):
+                out[i] = x
+    return out

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from yolo_func import tree as T
+from yolo_func.optim.base import host_flag
 from yolo_func.tree import _flat_groups, _flat_view, _scatter_views
 
 __all__ = ["flat_base", "leafwise", "tree_where", "set_enabled", "enabled"]
@@ -175,13 +176,26 @@ def tree_where(flag: torch.Tensor, new: Any, old: Any) -> Any:
     """:func:`yolo_func.tree.tree_where` through :func:`leafwise` (flat-backed leaves are not
     copied; the result is flat-backed). Same values, bit for bit.
 
+    On the CPU in eager mode (:func:`yolo_func.optim.base.host_flag`) the flag is read on the host
+    and ``new`` or ``old`` is returned as it is: the same tensors, no pass over them (with a
+    number ``old``: ``new`` when the flag is true and every leaf is floating; a false flag still
+    builds the filled tree).
+
     Args:
       flag: bool[] on the leaves' device.
       new: pytree of tensors.
       old: a tree like ``new`` or a Python number.
     """
+    known = host_flag(flag)
+    number = isinstance(old, (int, float, bool))
+    if known is not None and not number:  # CPU, read on the host: where(flag, new, old) is new or old, whole
+        if T.tree_structure(old) != T.tree_structure(new):
+            raise ValueError("[yolo_func] tree_where: structures differ\n" + T.tree_diff(new, old, names=("new", "old")))
+        return new if known else old
     n_leaves, treedef = T.tree_flatten(new)
-    if isinstance(old, (int, float, bool)):
+    if known is True and all(x.is_floating_point() for x in n_leaves):
+        return new  # where(True, x, number) is x for a floating x (an integer x would be promoted)
+    if number:
         def where_scalar_out(n, out):  # floating groups only (leafwise): the scalar in n's dtype, as promotion gives
             torch.where(flag, n, torch.full((), old, dtype=n.dtype, device=n.device), out=out)
 

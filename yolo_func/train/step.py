@@ -13,7 +13,9 @@ Data flow (DESIGN.md §1)::
     params = apply_updates(params, updates); ema = ema.update(..., stepped=opt_state.stepped)
 
 Nothing here synchronises with the host: metrics stay on the device until
-:func:`yolo_func.train.metrics.fetch_metrics` reads them at a log step.
+:func:`yolo_func.train.metrics.fetch_metrics` reads them at a log step. (On the CPU, where there is
+no device to wait for, the optimizer's selects read their flags on the host:
+:func:`yolo_func.optim.base.host_flag`.)
 
 Numerics: the network and heads run under autocast when ``autocast_dtype`` is given (BF16 on CUDA
 by default in :class:`yolo_func.train.replay.ReplayTrainStep`); every loss runs in float32 on float32 copies of the head
