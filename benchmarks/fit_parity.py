@@ -22,8 +22,9 @@ For each seed:
    coco`` gives ours the COCO JSON of the same images instead), so both train and validate on the
    same files and labels.
 3. Our fit (``yolov8n`` recipe, ``train.seed=seed``, ``train.capture=auto`` on CUDA, BF16) and the
-   reference's (``seed=seed``, AMP), each in its own process. Recipe arguments passed to the
-   reference explicitly, from our config's values: ``optimizer="SGD"``, ``lr0``, ``lrf``,
+   reference's (``seed=seed``, AMP: FP16 with its GradScaler, which skips the steps whose gradients
+   overflow), each in its own process; ``--precision fp32`` runs both in float32 instead. Recipe
+   arguments passed to the reference explicitly, from our config's values: ``optimizer="SGD"``, ``lr0``, ``lrf``,
    ``momentum``, ``weight_decay``, ``warmup_*``, ``nbs``, ``cos_lr``, ``close_mosaic``, the
    augmentation gains (``mosaic``, ``translate``, ``scale``, ``degrees``, ``shear``, ``perspective``,
    ``hsv_*``, ``flip*``; ``mixup``, ``copy_paste``, ``cutmix`` 0, which ours does not have), the
@@ -104,7 +105,8 @@ def child_ours(spec: dict) -> None:
     cuda = spec["device"] != "cpu"
     flags = {"data": spec["data"], "epochs": spec["epochs"], "batch": spec["batch"], "imgsz": spec["imgsz"],
              "device": spec["device"], "out": spec["run_dir"], "weights": spec["weights"]}
-    overrides = [f"train.capture={spec['capture']}", f"train.autocast={'bfloat16' if cuda else 'none'}",
+    mixed = cuda and spec.get("precision", "mixed") == "mixed"
+    overrides = [f"train.capture={spec['capture']}", f"train.autocast={'bfloat16' if mixed else 'none'}",
                  f"data.workers={spec['workers']}", "data.cache=none", "train.plots=false", "train.val_every=1",
                  f"train.seed={spec['seed']}", f"optim.lr0={spec['lr0']}"]
     config = build_config(spec["recipe"], flags=flags, overrides=overrides)
@@ -145,7 +147,8 @@ def child_ref(spec: dict) -> None:
     model.add_callback("on_train_start", on_train_start)
     kw = dict(data=spec["data"], epochs=spec["epochs"], batch=spec["batch"], imgsz=spec["imgsz"], workers=spec["workers"],
               plots=False, device=0 if cuda else "cpu", project=spec["project"], name=spec["name"], exist_ok=True,
-              seed=spec["seed"], val=True, amp=True, verbose=False, task=spec["task"], **spec["recipe_args"])
+              seed=spec["seed"], val=True, amp=spec.get("precision", "mixed") == "mixed", verbose=False, task=spec["task"],
+              **spec["recipe_args"])
     t0 = time.perf_counter()
     metrics = model.train(**kw)
     if cuda:
@@ -219,7 +222,9 @@ def write_outputs(out: Path, base: str, meta: dict, runs: list[dict], summary: d
          f"{meta['train_images']} train + {meta['val_images']} val images ({meta['data_source']}), {meta['imgsz']} px, "
          f"batch {meta['batch']}, {meta['epochs']} epochs, SGD lr0 {meta['lr0']}, seeds {meta['seeds']}; both from the "
          "same reference-initialised `.pt` per seed; ours "
-         f"{'BF16, capture ' + meta['capture'] if meta['device'] != 'cpu' else 'float32'}, the reference AMP.", "",
+         f"{'BF16' if meta['device'] != 'cpu' and meta.get('precision', 'mixed') == 'mixed' else 'float32'}"
+         f"{', capture ' + meta['capture'] if meta['device'] != 'cpu' else ''}, the reference "
+         f"{'AMP' if meta.get('precision', 'mixed') == 'mixed' else 'float32 (amp=False)'}.", "",
          "## Final epoch (mean ± std over seeds, [min, max])", "",
          "| kind | metric | ours | reference | ours - reference | pass (abs(diff) <= tol on mAP50-95) |", "|---|---|--:|--:|--:|---|"]
 
@@ -298,6 +303,10 @@ def main() -> None:
     ap.add_argument("--capture", default="auto", help="our train.capture on CUDA")
     ap.add_argument("--our-format", default="yolo", choices=["yolo", "coco"], help="the data our trainer reads")
     ap.add_argument("--ref-python", default=sys.executable, help="the interpreter that imports ultralytics")
+    ap.add_argument("--precision", default="mixed", choices=["mixed", "fp32"],
+                    help="mixed: ours BF16 autocast on CUDA, the reference AMP (FP16 + GradScaler), each trainer's "
+                         "default; fp32: both in float32 (train.autocast=none, amp=False), where the two trainers' "
+                         "numerics can agree (REFERENCE.md 4.5)")
     ap.add_argument("--tol", type=float, default=0.02)
     ap.add_argument("--run-timeout", type=float, default=300)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
@@ -318,7 +327,8 @@ def main() -> None:
     kinds = KINDS[args.task]
     meta = host_meta(sys.argv)
     meta.update(task=args.task, scale=args.scale, imgsz=args.imgsz, batch=args.batch, epochs=args.epochs, seeds=args.seeds,
-                lr0=args.lr0, device=args.device, capture=args.capture, workers=args.workers, tmp=str(tmp))
+                lr0=args.lr0, device=args.device, capture=args.capture, workers=args.workers, tmp=str(tmp),
+                precision=args.precision)
     print(f"[{time.perf_counter() - t_start:5.0f} s] writing the built-in {args.task} data under {tmp} ...", flush=True)
     data = make_data("builtin", args.task, args.train_images, args.val_images, tmp / "data")
     meta.update(train_images=data["train_images"], val_images=data["val_images"], data_source=data["source"])
@@ -358,7 +368,8 @@ def main() -> None:
             for impl in ("ours", "ref"):
                 name = f"{impl}_s{seed}"
                 spec = {"device": args.device, "epochs": args.epochs, "batch": args.batch, "imgsz": args.imgsz,
-                        "workers": args.workers, "seed": seed, "weights": weights[seed], "kinds": list(kinds)}
+                        "workers": args.workers, "seed": seed, "weights": weights[seed], "kinds": list(kinds),
+                        "precision": args.precision}
                 if impl == "ours":
                     spec.update(recipe=recipe, data=data["yolo"] if args.our_format == "yolo" else data["coco"],
                                 run_dir=str(tmp / "runs" / name), capture=args.capture, lr0=args.lr0)
