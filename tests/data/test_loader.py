@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -289,13 +290,14 @@ def test_val_loader_backends_give_the_same_batches_and_skips(task):
     ds = ellipse_dataset(11, task, keypoints=5 if task == "pose" else 0, bad=(3, 7))
     got = {}
     for name, kw in {"main": dict(workers=0), "threads": dict(workers=3), "threads1": dict(workers=1),
+                     "consumer": dict(workers=2, producer=False),
                      "processes": dict(workers=2, backend="processes")}.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             loader = ValLoader(ds, batch_size=3, image_size=64, pin_memory=False, **kw)
             got[name] = (list(loader), sorted(loader.skipped))
     assert got["main"][1] == [3, 7]
-    for name in ("threads", "threads1", "processes"):
+    for name in ("threads", "threads1", "consumer", "processes"):
         assert got[name][1] == got["main"][1], name
         _assert_val_batches_equal(got[name][0], got["main"][0])
 
@@ -309,6 +311,34 @@ def test_threaded_val_loader_can_be_left_early_and_iterated_again():
     _assert_val_batches_equal([first], again[:1])
     with pytest.raises(ValueError, match="backend"):
         ValLoader(ds, batch_size=2, image_size=64, backend="fork")
+
+
+def _val_threads():
+    return {t for t in threading.enumerate() if t.name.startswith("yolo_func-val")}
+
+
+@pytest.mark.parametrize("producer", [True, False])
+def test_threaded_val_loader_leaves_no_thread_behind_and_raises_in_place(producer):
+    # a consumer that stops early: the producer and the readers are gone when the generator closes
+    ds = ellipse_dataset(12, "detect")
+    loader = ValLoader(ds, batch_size=2, image_size=64, workers=3, pin_memory=False, producer=producer)
+    it = iter(loader)
+    next(it)
+    assert _val_threads()  # started: the producer and the pool
+    it.close()
+    assert not _val_threads()
+    # a batch without any readable image: its error comes after the batches before it, and the
+    # threads are gone after it too (the sizes came before, so only the reads fail)
+    ds.bad = {int(i) for i in loader.order[4:6]}  # rect batch 2
+    got = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="no image of validation batch 2 could be read"):
+            for vb in loader:
+                got.append(vb)
+    assert len(got) == 2 and not _val_threads()
+    ref = list(ValLoader(ellipse_dataset(12, "detect"), batch_size=2, image_size=64, workers=0, pin_memory=False))
+    _assert_val_batches_equal(got, ref[:2])
 
 
 def test_pose_flip_index_comes_from_the_dataset_or_coco():

@@ -9,6 +9,7 @@ COCO ground truth comes from the JSON in original pixels.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -286,3 +287,30 @@ def test_precision_picks_the_autocast_of_the_network_forward(monkeypatch):
     assert results["auto"] == results["fp32"]
     with pytest.raises(ValueError, match=r"precision must be one of \('auto', 'bf16', 'fp16', 'fp32'\)"):
         evaluate(model, params, state, data, precision="fp64", **kw)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_metric_calls_run_in_order_and_raise(background):
+    # evaluate's per-batch metric work (a background thread on a GPU): submission order, every call,
+    # ground truth built in the call, an error raised to the caller
+    from yolo_func.eval.evaluate import _InOrder
+
+    seen = []
+
+    def work(dets, gt):
+        time.sleep(0.002 * (dets % 3))  # uneven durations
+        seen.append((dets, gt))
+
+    with _InOrder(background) as q:
+        for i in range(20):
+            q.submit(work, i, lambda i=i: -i)
+        q.finish()
+    assert seen == [(i, -i) for i in range(20)]
+
+    def bad(dets, gt):
+        raise ValueError(f"batch {dets}")
+
+    with pytest.raises(ValueError, match="batch 0"), _InOrder(background) as q:
+        for i in range(5):
+            q.submit(bad, i, lambda: None)
+        q.finish()

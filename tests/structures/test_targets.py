@@ -141,6 +141,12 @@ def _lists(**kw):
         (dict(masks_list=[torch.zeros(1, 16, 16), torch.zeros(1, 16, 16)]),
          "masks_list[1]: image 1: expected float[2, 16, 16] (one mask per box, the same size in every image), "
          "got shape (1, 16, 16)"),
+        # two bad images: the first one's error, in the per-image order (value checks run batched)
+        (dict(boxes=[torch.tensor([[8.0, 30, 40, 24]]), torch.zeros(2, 5)]),
+         "boxes_list[0]: image 0 row 0 is reversed, (x1, y1, x2, y2) = (8, 30, 40, 24)"),
+        (dict(classes=[torch.tensor([5]), torch.tensor([1, 0])], boxes=[torch.zeros(1, 4), torch.full((2, 4), float("inf"))],
+              num_classes=3),
+         "classes_list[0]: image 0 row 0 has class id 5; expected ids in [0, 3)"),
         (dict(masks_list=[torch.zeros(1, 16, 16)]), "masks_list: expected 2 tensors (one per image, like boxes_list), got 1"),
         (dict(num_classes=0), "num_classes: expected an int >= 1 (K, the model's class count) or None, got 0"),
         (dict(num_classes=3.0), "num_classes: expected an int >= 1 (K, the model's class count) or None, got 3.0"),
@@ -155,6 +161,30 @@ def test_lists_builder_input_errors(kw, message):
 def test_lists_builder_nan_names_the_image():
     with pytest.raises(ValueError, match=r"^\[yolo_func\] boxes_list\[1\] contains 1 non-finite"):
         _lists(boxes=[torch.zeros(1, 4), torch.tensor([[0.0, 0, 16, 16], [20, 2, float("nan"), 9]])])
+
+
+def test_lists_builder_batched_checks_build_what_the_per_image_checks_build():
+    from yolo_func.structures.targets import _lists_checked, _lists_fast
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        n = [int(v) for v in torch.randint(0, 4, (3,), generator=g)]
+        boxes = [torch.rand(k, 4, generator=g) * 40 for k in n]
+        boxes = [torch.cat([b[:, :2], b[:, :2] + b[:, 2:]], 1) for b in boxes]
+        classes = [torch.randint(0, 3, (k,), generator=g).to(torch.float32 if trial % 2 else torch.int64) for k in n]
+        kpts = [torch.rand(k, 2, 3, generator=g) for k in n]
+        masks = [torch.rand(k, 4, 4, generator=g) for k in n]
+        args = (boxes, classes, masks, kpts, 3)
+        want, got = _lists_checked(*args), _lists_fast(*args)
+        for a, b in zip(want, got):
+            assert len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+        # any bad value: the fast path declines (and the per-image checks then name it)
+        bad = [c.clone() for c in classes]
+        if sum(n):
+            i = next(k for k in range(3) if n[k])
+            bad[i][0] = 3
+            assert _lists_fast(boxes, bad, None, None, 3) is None
+            assert _lists_fast(boxes, bad, None, None, None) is not None
 
 
 def _flat(**kw):

@@ -15,8 +15,11 @@ size and the replacement is deterministic. Each skipped index is counted in ``lo
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import queue
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -534,19 +537,23 @@ def val_batch_shapes(shapes: np.ndarray, batch_size: int, image_size: int, *, st
 
 
 class _ValBatches:
-    def __init__(self, source: _Source, order: np.ndarray, shapes: np.ndarray, batch_size: int):
+    def __init__(self, source: _Source, order: np.ndarray, shapes: np.ndarray, batch_size: int, pin_memory: bool = False):
         self.source, self.order, self.shapes, self.batch_size = source, order, shapes, batch_size
+        self.pin_memory = pin_memory  # page-locked batches (threads / main process; a DataLoader pins its own)
 
     def indices(self, b: int) -> list[int]:
         """The dataset indices of rect batch ``b``, in order."""
         return [int(i) for i in self.order[b * self.batch_size:(b + 1) * self.batch_size]]
 
+    def errors_of(self, b: int) -> dict[int, str]:
+        """The reading errors of batch ``b``'s images (index -> message)."""
+        errors = self.source.errors
+        return {i: errors[i] for i in self.indices(b) if i in errors}
+
     def __getitem__(self, key: tuple[int, int]) -> tuple[ValBatch, dict[int, str]]:
         _, b = key
-        before = dict(self.source.errors)
         H, W = (int(v) for v in self.shapes[b])
-        batch = self.assemble(b, [self.one(i, H, W) for i in self.indices(b)])
-        return batch, {i: m for i, m in self.source.errors.items() if i not in before}
+        return self.assemble(b, [self.one(i, H, W) for i in self.indices(b)]), self.errors_of(b)
 
     def one(self, index: int, H: int, W: int) -> tuple | None:
         """Image ``index`` read, resized and letterboxed into (H, W) with its labels moved along;
@@ -567,7 +574,8 @@ class _ValBatches:
                 str(s.file_name), (h0, w0), (gx, gy), p.pad)
 
     def assemble(self, b: int, parts: Sequence[tuple | None]) -> ValBatch:
-        """The :class:`ValBatch` of rect batch ``b`` from its images' :meth:`one` results."""
+        """The :class:`ValBatch` of rect batch ``b`` from its images' :meth:`one` results (page-locked
+        when ``pin_memory``)."""
         H, W = (int(v) for v in self.shapes[b])
         parts = [x for x in parts if x is not None]
         if not parts:
@@ -575,11 +583,16 @@ class _ValBatches:
             raise ValueError(f"[yolo_func] ValLoader: no image of validation batch {b} could be read: {bad[:3]}; "
                              "fix or remove these files")
         images, boxes, classes, kpts, ids, names, orig, gains, pads = zip(*parts)
+        images = torch.from_numpy(np.stack(images))
+        if self.pin_memory:
+            images = images.pin_memory()
         kpts = [k for k in kpts if k is not None]
         t = targets_from_lists([torch.from_numpy(x) for x in boxes], [torch.from_numpy(c) for c in classes],
                                image_size=(H, W),
                                keypoints_list=[torch.from_numpy(k) for k in kpts] if kpts else None)
-        return ValBatch(torch.from_numpy(np.stack(images)), t, torch.tensor(ids, dtype=torch.int64), tuple(names),
+        if self.pin_memory:
+            t = _pin_targets(t)
+        return ValBatch(images, t, torch.tensor(ids, dtype=torch.int64), tuple(names),
                         torch.tensor(orig, dtype=torch.int64), torch.tensor(gains, dtype=torch.float32),
                         torch.tensor(pads, dtype=torch.float32))
 
@@ -605,8 +618,11 @@ def _pin_targets(t: Targets) -> Targets:
     return Targets(*(None if v is None else v.pin_memory() for v in t))
 
 
-def _pinned(batch: ValBatch) -> ValBatch:
-    return batch._replace(images=batch.images.pin_memory(), targets=_pin_targets(batch.targets))
+class _Raised(NamedTuple):
+    error: BaseException
+
+
+_DONE = object()
 
 
 class ValLoader:
@@ -635,6 +651,12 @@ class ValLoader:
         each iteration in microseconds; ``"processes"``: DataLoader worker processes (forked at the
         first iteration: a process holding a CUDA context forks in tenths of a second per worker,
         a fixed cost a short validation cannot amortise). The batches are the same either way.
+      producer: ``backend="threads"`` with ``workers > 0``: a background thread builds whole batches
+        ahead (their targets, the pinned tensors), so that the consuming thread only takes them:
+        what a GPU validation wants, whose main thread would otherwise do that work serially with
+        the GPU's. False: the consuming thread stacks each batch's images and builds its targets
+        when it takes it, as a CPU forward that keeps every core busy prefers. The batches are the
+        same either way.
       shard: ``(rank, world_size)``: iterate only the rect batches ``b`` with ``b % world_size ==
         rank`` (validation sharded over data-parallel ranks; ``len`` counts this shard's batches).
         Default ``(0, 1)``: every batch.
@@ -654,13 +676,13 @@ class ValLoader:
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 4,
                  task: str | None = None, shapes: Sequence[tuple[int, int]] | np.ndarray | None = None,
                  stride: int = 32, pad: float = 0.5, pin_memory: bool | None = None, shard: tuple[int, int] = (0, 1),
-                 backend: str = "threads"):
+                 backend: str = "threads", producer: bool = True):
         if backend not in ("threads", "processes"):
             raise ValueError(f"[yolo_func] ValLoader: backend must be 'threads' or 'processes', got {backend!r}")
         if workers < 0:
             raise ValueError(f"[yolo_func] ValLoader: workers must be >= 0, got {workers}")
         self.task = _resolve_task(dataset, task)
-        self.backend, self.workers = backend, int(workers)
+        self.backend, self.workers, self.producer = backend, int(workers), bool(producer)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         rank, world = shard
         if world < 1 or not 0 <= rank < world:
@@ -678,7 +700,8 @@ class ValLoader:
         self.order, self.batch_shapes = val_batch_shapes(shapes, batch_size, image_size, stride=stride, pad=pad)
         self.skipped: dict[int, str] = {}
         _report(self.skipped, self._source.errors)
-        self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size)
+        self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size,
+                                   pin_memory=self.pin_memory and backend == "threads")
         self._sampler = _EpochSampler(_Epoch(), len(self._batches), shard=self.shard)
         self._loader = None
         if backend == "processes":
@@ -709,34 +732,83 @@ class ValLoader:
             for b in batches:
                 batch, new = self._batches[(0, b)]
                 _report(self.skipped, new)
-                yield _pinned(batch) if self.pin_memory else batch
+                yield batch
             return
         yield from self._threaded(batches)
 
-    def _threaded(self, batches: list[int]) -> Iterator[ValBatch]:
-        # every image of the next `ahead` batches in flight on the pool; batches yielded in order
-        vb = self._batches
-        ahead = 2
-        before = dict(self._source.errors)
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="yolo_func-val") as ex:
-            def submit(b: int) -> tuple[int, list]:
-                H, W = (int(v) for v in vb.shapes[b])
-                return b, [ex.submit(vb.one, i, H, W) for i in vb.indices(b)]
+    def _in_order(self, batches: list[int], ex: ThreadPoolExecutor, stop: threading.Event | None = None
+                  ) -> Iterator[tuple[ValBatch, dict[int, str]]]:
+        # the images of the next `ahead` batches in flight on the pool; whole batches out, in order
+        vb, ahead = self._batches, 2
+        pending: collections.deque = collections.deque()
 
-            queue = [submit(b) for b in batches[:ahead]]
+        def submit(b: int) -> None:
+            H, W = (int(v) for v in vb.shapes[b])
+            pending.append((b, [ex.submit(vb.one, i, H, W) for i in vb.indices(b)]))
+
+        try:
+            for b in batches[:ahead]:
+                submit(b)
             nxt = ahead
-            try:
-                while queue:
-                    b, futures = queue.pop(0)
-                    if nxt < len(batches):
-                        queue.append(submit(batches[nxt]))
-                        nxt += 1
-                    batch = vb.assemble(b, [f.result() for f in futures])
-                    new = {i: m for i, m in self._source.errors.items() if i not in before}
-                    before.update(new)
+            while pending and not (stop is not None and stop.is_set()):
+                b, futures = pending.popleft()
+                if nxt < len(batches):
+                    submit(batches[nxt])
+                    nxt += 1
+                yield vb.assemble(b, [f.result() for f in futures]), vb.errors_of(b)
+        finally:
+            for _, futures in pending:  # stopped early: nothing left queued on the pool
+                for f in futures:
+                    f.cancel()
+
+    def _threaded(self, batches: list[int]) -> Iterator[ValBatch]:
+        ex = ThreadPoolExecutor(self.workers, thread_name_prefix="yolo_func-val")
+        try:
+            if not self.producer:  # each batch stacked and its targets built on this thread, between its work
+                for batch, new in self._in_order(batches, ex):
                     _report(self.skipped, new)
-                    yield _pinned(batch) if self.pin_memory else batch
-            finally:
-                for _, futures in queue:  # a consumer that stops early: nothing left running
-                    for f in futures:
-                        f.cancel()
+                    yield batch
+                return
+            yield from self._produced(batches, ex)
+        finally:  # also when the consumer stops early: no thread left running
+            ex.shutdown(wait=True, cancel_futures=True)
+
+    def _produced(self, batches: list[int], ex: ThreadPoolExecutor) -> Iterator[ValBatch]:
+        # A producer thread runs _in_order and queues whole batches, at most `ahead` of them; this
+        # thread only takes them. Anything the producer raises is raised here, in its place.
+        done: queue.Queue = queue.Queue(maxsize=2)
+        stop = threading.Event()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    done.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                for item in self._in_order(batches, ex, stop):
+                    if not put(item):
+                        return
+                put(_DONE)
+            except BaseException as e:  # noqa: BLE001 -- handed to the consumer, raised there
+                put(_Raised(e))
+
+        producer = threading.Thread(target=produce, name="yolo_func-val-batches", daemon=True)
+        producer.start()
+        try:
+            while True:
+                item = done.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, _Raised):
+                    raise item.error
+                batch, new = item
+                _report(self.skipped, new)
+                yield batch
+        finally:
+            stop.set()
+            producer.join()

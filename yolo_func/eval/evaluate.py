@@ -218,6 +218,41 @@ def _ground_truth(batch, letterboxes: Sequence[Letterbox]) -> list[GroundTruth]:
     return out
 
 
+class _InOrder:
+    """Runs ``fn(detections, ground_truth())`` calls one after another, in submission order, on one
+    background thread (``background=True``) or inline; at most ``ahead`` calls wait. An exception of
+    a call is raised by a later :meth:`submit` or by :meth:`finish`. A context manager: leaving it
+    waits for (or, after an error, cancels) what is queued."""
+
+    def __init__(self, background: bool, ahead: int = 2):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._ex = ThreadPoolExecutor(1, thread_name_prefix="yolo_func-metric") if background else None
+        self._pending: list = []
+        self._ahead = ahead
+
+    def submit(self, fn, detections, ground_truth) -> None:
+        if self._ex is None:
+            fn(detections, ground_truth())
+            return
+        self._pending.append(self._ex.submit(lambda: fn(detections, ground_truth())))
+        while len(self._pending) > self._ahead or (self._pending and self._pending[0].done()):
+            self._pending.pop(0).result()
+
+    def finish(self) -> None:
+        while self._pending:
+            self._pending.pop(0).result()
+
+    def __enter__(self) -> "_InOrder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._ex is not None:
+            for f in self._pending:
+                f.cancel()
+            self._ex.shutdown(wait=True)
+
+
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
@@ -417,7 +452,9 @@ def evaluate_with_records(
     params, state = T.tree_to(params, dev), T.tree_to(state, dev)
     # never more loader processes than cores (torch warns, and they would only contend)
     workers = max(0, min(int(workers), os.cpu_count() or 1))
-    loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task)
+    # batches built ahead on a thread beside a GPU; on the CPU the forward's threads use every core
+    loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task,
+                       producer=dev.type != "cpu")
     amp = _autocast_dtype(precision, dev)
     from yolo_func.func import autocast
     from yolo_func.eval.postprocess import scale_to_original
@@ -435,7 +472,10 @@ def evaluate_with_records(
     # masks only for COCO's segm (the internal metric scores boxes and keypoints)
     post = dict(conf=conf, iou=iou, max_det=max_det, multi_label=True, num_classes=K, kpt_shape=kpts, masks=coco)
 
-    with _progress(len(loader), progress) as bar, torch.no_grad():
+    # the metric's per-batch work beside the next batch's forward on a GPU (one thread, in order:
+    # the same results); on the CPU the forward's own threads use the cores, so it runs inline
+    metric = _InOrder(background=dev.type != "cpu")
+    with _progress(len(loader), progress) as bar, torch.no_grad(), metric:
         for batch in loader:
             letterboxes = _letterboxes(batch)
             coco_dets = None  # COCO's own detections when they differ from the metric's
@@ -462,12 +502,12 @@ def evaluate_with_records(
                 dets = _detections_to_host(dets)
             if coco_ev is not None:
                 coco_ev.process(batch.image_ids.tolist(), dets if coco_dets is None else coco_dets)
-            internal.process(
-                [Detections(d.boxes, d.scores, to_dataset_class[d.classes], None, d.keypoints) for d in dets],
-                _ground_truth(batch, letterboxes),
-            )
+            metric.submit(internal.process,
+                          [Detections(d.boxes, d.scores, to_dataset_class[d.classes], None, d.keypoints) for d in dets],
+                          lambda batch=batch, letterboxes=letterboxes: _ground_truth(batch, letterboxes))
             if bar is not None:
                 bar.update(1)
+        metric.finish()
     metrics = coco_ev.evaluate() if coco_ev is not None else {}
     names = getattr(dataset, "names", None)
     metrics["internal"] = _json_ready(internal.compute(), names)

@@ -24,6 +24,7 @@ __all__ = [
     "mask_iou",
     "keypoint_oks",
     "match_predictions",
+    "match_predictions_batch",
     "compute_ap",
     "ap_per_class",
     "MetricAccumulator",
@@ -70,21 +71,21 @@ class GroundTruth(NamedTuple):
 
 
 def box_iou(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
-    """IoU matrix of the metric (with eps, unlike NMS).
+    """IoU matrix of the metric (with eps, unlike NMS), of one image or of a batch of them.
 
     Args:
-      a: float[N, 4] xyxy.
-      b: float[M, 4] xyxy.
+      a: float[..., N, 4] xyxy.
+      b: float[..., M, 4] xyxy (the same leading dims as ``a``).
 
     Returns:
-      float[N, M] = inter / (area_a + area_b - inter + eps).
+      float[..., N, M] = inter / (area_a + area_b - inter + eps).
     """
-    lt = torch.maximum(a[:, None, :2], b[None, :, :2])
-    rb = torch.minimum(a[:, None, 2:], b[None, :, 2:])
+    lt = torch.maximum(a[..., :, None, :2], b[..., None, :, :2])
+    rb = torch.minimum(a[..., :, None, 2:], b[..., None, :, 2:])
     inter = (rb - lt).clamp(min=0).prod(-1)
-    area_a = (a[:, 2:] - a[:, :2]).prod(-1)
-    area_b = (b[:, 2:] - b[:, :2]).prod(-1)
-    return inter / (area_a[:, None] + area_b[None, :] - inter + eps)
+    area_a = (a[..., 2:] - a[..., :2]).prod(-1)
+    area_b = (b[..., 2:] - b[..., :2]).prod(-1)
+    return inter / (area_a[..., :, None] + area_b[..., None, :] - inter + eps)
 
 
 def mask_iou(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -150,6 +151,94 @@ def match_predictions(
         correct[n] = hit
         claimed[np.arange(T)[hit], best[hit]] = True
     return correct
+
+
+def match_predictions_batch(
+    pred_classes: Sequence[np.ndarray], gt_classes: Sequence[np.ndarray], iou: np.ndarray,
+    thresholds: np.ndarray = IOU_THRESHOLDS,
+) -> list[np.ndarray]:
+    """:func:`match_predictions` of a batch of images at once (the same greedy rule, the same result).
+
+    The Python loop runs over the k-th candidate detection of every image together (a candidate
+    reaches the lowest threshold with some same-class GT), so it is as long as the most candidates
+    of one image rather than all of them.
+
+    Args:
+      pred_classes: B arrays int[N_b], each image's detections sorted by descending confidence.
+      gt_classes: B arrays int[M_b].
+      iou: float[B, M, N] with ``M >= max M_b`` and ``N >= max N_b``: image b's (GT x detection)
+        IoU in ``iou[b, :M_b, :N_b]``; the rest is ignored.
+      thresholds: float[T].
+
+    Returns:
+      B arrays bool[N_b, T], each ``match_predictions(pred_classes[b], gt_classes[b], iou[b, :M_b, :N_b], thresholds)``.
+
+    Example:
+      >>> import numpy as np
+      >>> iou = np.array([[[0.6, 0.9]], [[0.3, 0.0]]])
+      >>> [t[:, 0].tolist() for t in match_predictions_batch([np.array([0, 0]), np.array([1, 1])], [np.array([0]), np.array([1])], iou)]
+      [[True, False], [False, False]]
+    """
+    thresholds = np.asarray(thresholds, dtype=np.float64)
+    T = len(thresholds)
+    nd = np.array([len(p) for p in pred_classes], dtype=np.int64)
+    ng = np.array([len(g) for g in gt_classes], dtype=np.int64)
+    out = [np.zeros((int(n), T), dtype=bool) for n in nd]
+    live = np.nonzero((nd > 0) & (ng > 0))[0]
+    if not len(live) or T == 0:
+        return out
+    if thresholds.min() <= 0:  # padding below could then match: the one-image loop
+        for b in live:
+            out[b] = match_predictions(np.asarray(pred_classes[b]), np.asarray(gt_classes[b]),
+                                       iou[b, :ng[b], :nd[b]], thresholds)
+        return out
+    L, M, N = len(live), int(ng[live].max()), int(nd[live].max())
+    pc = np.full((L, N), -1, dtype=np.int64)
+    gc = np.full((L, M), -1, dtype=np.int64)
+    for j, b in enumerate(live):
+        pc[j, :nd[b]] = pred_classes[b]
+        gc[j, :ng[b]] = gt_classes[b]
+    real = (np.arange(M)[None, :, None] < ng[live][:, None, None]) & (np.arange(N)[None, None, :] < nd[live][:, None, None])
+    blk = np.where(gc[:, :, None] == pc[:, None, :], iou[live][:, :M, :N], 0.0)  # another class: 0, as one image does
+    blk = np.where(real, blk, -np.inf)  # padding: below every threshold and every real value
+    cols, K, correct = _greedy_block(blk, thresholds)
+    for j, b in enumerate(live):
+        out[b][cols[j, :K[j]]] = correct[j, :K[j]]
+    return out
+
+
+def _greedy_block(blk: np.ndarray, thresholds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The greedy matching of :func:`match_predictions` on L images at once.
+
+    Args:
+      blk: float[L, M, N] (GT x detection) IoU per image, another class already 0, padding -inf;
+        detections in descending confidence order.
+      thresholds: float[T], all > 0.
+
+    Returns:
+      (cols int[L, Kx]: each image's candidate detections (columns reaching ``min(thresholds)``)
+      first, in order; K int[L]: how many; correct bool[L, Kx, T]: the result of candidate k).
+    """
+    L, M, N = blk.shape
+    T = len(thresholds)
+    cand = (blk >= thresholds.min()).any(1)  # [L, N]
+    K = cand.sum(1)
+    Kx = int(K.max()) if L else 0
+    cols = np.argsort(~cand, axis=1, kind="stable")[:, :Kx]  # each image's candidates, in confidence order
+    correct = np.zeros((L, Kx, T), dtype=bool)
+    if Kx == 0:
+        return cols, K, correct
+    blk = np.take_along_axis(blk, cols[:, None, :], 2)  # [L, M, Kx]
+    blk = np.where((np.arange(Kx)[None, :] < K[:, None])[:, None, :], blk, -np.inf)
+    claimed = np.zeros((L, T, M), dtype=bool)
+    for k in range(Kx):
+        c = np.where(claimed, -1.0, blk[:, None, :, k])  # [L, T, M]
+        best = c.argmax(2)
+        hit = c.max(2) >= thresholds  # the value at best (a NaN: NaN, as the argmax's pick)
+        correct[:, k] = hit
+        li, ti = np.nonzero(hit)
+        claimed[li, ti, best[li, ti]] = True
+    return cols, K, correct
 
 
 def compute_ap(recall: np.ndarray, precision: np.ndarray) -> float:
@@ -220,6 +309,115 @@ def ap_per_class(
     return {"classes": classes, "ap": ap, "p": p_curve[:, i], "r": r_curve[:, i], "f1": f1[:, i]}
 
 
+def _copy_packed(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors (one device) on the host with one copy: their bytes packed, each at an 8-byte
+    offset, copied, and viewed back as their dtype and shape (the same bits)."""
+    parts, spans, at = [], [], 0
+    for t in tensors:
+        t = t.detach().contiguous().reshape(-1)
+        raw = t.view(torch.uint8) if t.numel() else t.new_zeros(0, dtype=torch.uint8)
+        n = raw.numel()
+        parts.append(raw)
+        if n % 8:
+            parts.append(raw.new_zeros(8 - n % 8))
+        spans.append((at, n))
+        at += n + (-n) % 8
+    host = torch.cat(parts).cpu() if parts else torch.zeros(0, dtype=torch.uint8)
+    return [host[o:o + n].view(t.dtype).reshape(t.shape) for t, (o, n) in zip(tensors, spans)]
+
+
+def _to_host(records: list) -> list:
+    """Records (NamedTuples of tensors or None) with every tensor detached and on the host, the ones
+    on another device moved with one copy per device (:func:`_copy_packed`)."""
+    out = [[None if t is None else t.detach() for t in rec] for rec in records]
+    by_device: dict[torch.device, list[tuple[int, int]]] = {}
+    for r, rec in enumerate(records):
+        for f, t in enumerate(rec):
+            if t is not None and t.device.type != "cpu":
+                by_device.setdefault(t.device, []).append((r, f))
+    for pos in by_device.values():
+        for (r, f), h in zip(pos, _copy_packed([records[r][f] for r, f in pos])):
+            out[r][f] = h
+    return [type(rec)(*fields) for rec, fields in zip(records, out)]
+
+
+def _same_class_pairs(gt_boxes: np.ndarray, det_boxes: np.ndarray, gt_classes: list[np.ndarray],
+                      det_classes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every (GT, detection) pair of one image and one class with its :func:`box_iou` (the same
+    arithmetic, elementwise; another class scores 0 in the matching whatever its IoU).
+
+    Args:
+      gt_boxes: float64[G, 4], the batch's GT boxes image after image; ``gt_classes`` B arrays int[M_b].
+      det_boxes: float64[D, 4] likewise; ``det_classes`` B arrays int[N_b].
+
+    Returns:
+      (image int64[P], GT row in its image int64[P], detection row in its image int64[P], IoU float64[P]),
+      in GT order.
+    """
+    ng = np.array([len(c) for c in gt_classes], dtype=np.int64)
+    nd = np.array([len(c) for c in det_classes], dtype=np.int64)
+    G, D = int(ng.sum()), int(nd.sum())
+    if not G or not D:
+        return tuple(np.zeros(0, dtype=t) for t in (np.int64, np.int64, np.int64, np.float64))
+    gi, di = np.repeat(np.arange(len(ng)), ng), np.repeat(np.arange(len(nd)), nd)  # image of each row
+    gs, ds = np.arange(G) - np.repeat(np.cumsum(ng) - ng, ng), np.arange(D) - np.repeat(np.cumsum(nd) - nd, nd)
+    _, inv = np.unique(np.concatenate([*gt_classes, *det_classes]), return_inverse=True)
+    C = int(inv.max()) + 1
+    gkey, dkey = gi * C + inv[:G], di * C + inv[G:]
+    order = np.argsort(dkey, kind="stable")
+    sk = dkey[order]
+    lo, hi = np.searchsorted(sk, gkey, "left"), np.searchsorted(sk, gkey, "right")
+    cnt = hi - lo
+    g = np.repeat(np.arange(G), cnt)  # pairs: GT row g with detection row d
+    d = order[np.repeat(lo, cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)]
+    a, b = gt_boxes[g], det_boxes[d]
+    lt = np.maximum(a[:, :2], b[:, :2])
+    rb = np.minimum(a[:, 2:], b[:, 2:])
+    wh = np.maximum(rb - lt, 0.0)
+    inter = wh[:, 0] * wh[:, 1]
+    area_a = (gt_boxes[:, 2] - gt_boxes[:, 0]) * (gt_boxes[:, 3] - gt_boxes[:, 1])
+    area_b = (det_boxes[:, 2] - det_boxes[:, 0]) * (det_boxes[:, 3] - det_boxes[:, 1])
+    return gi[g], gs[g], ds[d], inter / (area_a[g] + area_b[d] - inter + 1e-7)
+
+
+def _match_pairs(img: np.ndarray, g: np.ndarray, d: np.ndarray, iou: np.ndarray, nd: Sequence[int],
+                 thresholds: np.ndarray = IOU_THRESHOLDS) -> list[np.ndarray] | None:
+    """:func:`match_predictions` of every image from its same-class pairs (:func:`_same_class_pairs`).
+
+    Only pairs reaching the lowest threshold can claim or be claimed, so the greedy loop runs on
+    them alone: per image, the GTs and detections that have one, in their order, the rest of the
+    block 0 (below every threshold, as another class or no overlap). None where that does not hold
+    (a NaN IoU, a threshold <= 0): the caller then matches on the whole block.
+
+    Returns:
+      B arrays bool[N_b, T].
+    """
+    thresholds = np.asarray(thresholds, dtype=np.float64)
+    T = len(thresholds)
+    if T == 0 or thresholds.min() <= 0 or np.isnan(iou).any():
+        return None
+    out = [np.zeros((int(n), T), dtype=bool) for n in nd]
+    keep = iou >= thresholds.min()
+    if not keep.any():
+        return out
+    img, g, d, iou = img[keep], g[keep], d[keep], iou[keep]
+    W = int(max(g.max(), d.max())) + 1
+    ug, gr = np.unique(img * W + g, return_inverse=True)  # each image's GTs with a pair, in order
+    ud, dr = np.unique(img * W + d, return_inverse=True)  # ... and detections (confidence order)
+    images, li = np.unique(img, return_inverse=True)
+    g_first = np.searchsorted(ug // W, images)  # where each image's GTs start in ug
+    d_first = np.searchsorted(ud // W, images)
+    g_rank, d_rank = gr - g_first[li], dr - d_first[li]
+    blk = np.zeros((len(images), int(g_rank.max()) + 1, int(d_rank.max()) + 1))
+    blk[li, g_rank, d_rank] = iou
+    cols, K, correct = _greedy_block(blk, thresholds)
+    d_end = np.append(d_first[1:], len(ud))
+    for j, b in enumerate(images):
+        rows = ud[d_first[j]:d_end[j]] % W  # every column is a candidate, so cols[j, :K[j]] = 0..K[j]-1
+        out[b][rows] = correct[j, :K[j]]
+    return out
+
+
 class MetricAccumulator:
     """Accumulates the reference's per-epoch metric over a validation pass.
 
@@ -256,28 +454,50 @@ class MetricAccumulator:
             raise ValueError(
                 f"[yolo_func] MetricAccumulator.process: {len(detections)} detections vs {len(ground_truth)} ground truths; pass one of each per image"
             )
-        for det, gt in zip(detections, ground_truth):
-            det = type(det)(*(None if t is None else t.detach().cpu() for t in det))
-            gt = GroundTruth(*(None if t is None else t.detach().cpu() for t in gt))
-            pc, gc = det.classes.numpy().astype(np.int64), gt.classes.numpy().astype(np.int64)
-            self._conf.append(det.scores.double().numpy())
-            self._cls.append(pc)
-            self._target_cls.append(gc)
-            kinds = {"box": lambda: box_iou(gt.boxes.double(), det.boxes.double())}
-            if det.masks is not None and gt.masks is not None:
-                kinds["mask"] = lambda: mask_iou(gt.masks, det.masks).double()
-            if det.keypoints is not None and gt.keypoints is not None:
-                def oks():
-                    wh = (gt.boxes[:, 2:] - gt.boxes[:, :2]).double()
-                    sig = kpt_sigmas(gt.keypoints.shape[1], self._sigmas)
-                    return keypoint_oks(gt.keypoints.double(), det.keypoints.double(), wh.prod(-1) * 0.53, sig)
-                kinds["pose"] = oks
-            for kind, iou_fn in kinds.items():
-                if len(pc) and len(gc):
-                    tp = match_predictions(pc, gc, iou_fn().numpy())
-                else:
-                    tp = np.zeros((len(pc), len(IOU_THRESHOLDS)), dtype=bool)
-                self._tp.setdefault(kind, []).append(tp)
+        if not detections:
+            return
+        B, T = len(detections), len(IOU_THRESHOLDS)
+        host = _to_host([*detections, *(GroundTruth(*g) for g in ground_truth)])  # one copy per device
+        dets, gts = host[:B], host[B:]
+        nd = [int(d.scores.shape[0]) for d in dets]
+        ng = [int(g.classes.shape[0]) for g in gts]
+        pcs = np.split(torch.cat([d.classes.reshape(-1) for d in dets]).numpy().astype(np.int64), np.cumsum(nd)[:-1])
+        gcs = np.split(torch.cat([g.classes.reshape(-1) for g in gts]).numpy().astype(np.int64), np.cumsum(ng)[:-1])
+        self._conf.append(torch.cat([d.scores.reshape(-1).double() for d in dets]).numpy())
+        self._cls.append(np.concatenate(pcs))
+        self._target_cls.append(np.concatenate(gcs))
+        M, N = max(ng), max(nd)
+        # box IoU of the same-class (GT, detection) pairs of every image at once (another class
+        # scores 0 in the matching whatever its IoU)
+        gb = torch.cat([g.boxes.reshape(-1, 4) for g in gts]).double().numpy()
+        db = torch.cat([d.boxes.reshape(-1, 4) for d in dets]).double().numpy()
+        pairs = _same_class_pairs(gb, db, gcs, pcs)
+        box_tp = _match_pairs(*pairs, nd)
+        if box_tp is None:  # the whole block
+            blk = np.zeros((B, M, N))
+            blk[pairs[0], pairs[1], pairs[2]] = pairs[3]
+            box_tp = match_predictions_batch(pcs, gcs, blk)
+        tps = {"box": (range(B), box_tp)}
+        for kind, ok in (("mask", lambda d, g: d.masks is not None and g.masks is not None),
+                         ("pose", lambda d, g: d.keypoints is not None and g.keypoints is not None)):
+            which = [b for b in range(B) if ok(dets[b], gts[b])]
+            if which:
+                blk = np.zeros((B, M, N))
+                for b in which:
+                    if nd[b] and ng[b]:
+                        blk[b, :ng[b], :nd[b]] = self._iou(kind, dets[b], gts[b]).numpy()
+                tps[kind] = (which, match_predictions_batch(pcs, gcs, blk))
+        for kind, (which, tp) in tps.items():
+            self._tp.setdefault(kind, []).append(
+                np.concatenate([tp[b] for b in which]) if len(which) else np.zeros((0, T), dtype=bool))
+
+    def _iou(self, kind: str, det, gt: GroundTruth) -> torch.Tensor:
+        """float64[M, N] (GT x detection) mask IoU or keypoint OKS of one image."""
+        if kind == "mask":
+            return mask_iou(gt.masks, det.masks).double()
+        wh = (gt.boxes[:, 2:] - gt.boxes[:, :2]).double()
+        sig = kpt_sigmas(gt.keypoints.shape[1], self._sigmas)
+        return keypoint_oks(gt.keypoints.double(), det.keypoints.double(), wh.prod(-1) * 0.53, sig)
 
     def compute(self) -> dict[str, dict[str, float]]:
         """Metrics per kind: ``{"box": {"P", "R", "mAP50", "mAP50-95"}, "mask": ..., "pose": ...}`` plus

@@ -765,7 +765,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     # a small validation set needs no more workers than it has batches (each is a fork of this process)
     val_workers = min(workers, 4, math.ceil(len(val_data) / (val_batch * world)))
     val_loader = ValLoader(val_data, batch_size=val_batch, image_size=config.data.image_size, workers=val_workers,
-                           task=config.model.task, shapes=getattr(val_data, "image_sizes", None), shard=(rank, world))
+                           task=config.model.task, shapes=getattr(val_data, "image_sizes", None), shard=(rank, world),
+                           producer=device.type != "cpu")  # batches built ahead on a thread beside a GPU
     coco = _coco_setup(config, val_data, rd)
     if coco is not None and rank == 0:
         coco[2].start()  # the scoring interpreter imports while the fit starts and trains its first epoch
