@@ -314,3 +314,54 @@ def test_metric_calls_run_in_order_and_raise(background):
         for i in range(5):
             q.submit(bad, i, lambda: None)
         q.finish()
+
+
+def test_threaded_validation_paths_give_the_inline_metrics(coco_tiny, monkeypatch):
+    # On a GPU evaluate builds batches on the loader's producer thread and runs the metric on a
+    # background thread; the CPU runs both inline. Forced on here, the whole evaluate gives the same
+    # numbers, and the metric really ran off the main thread (a fallback would not).
+    import sys
+    import threading
+
+    from yolo_func.data import loader as loader_mod
+    from yolo_func.eval.metrics import MetricAccumulator
+
+    ev_mod = sys.modules["yolo_func.eval.evaluate"]  # the module (the package exports the function by that name)
+
+    class Shifted(GroundTruthModel):  # non-trivial metrics: some thresholds hit, some missed
+        def predict(self, params, state, images):
+            inf = super().predict(params, state, images)
+            y = inf.y.clone()
+            y[:, 0] += y[:, 2] / 6
+            return Inference(y, None)
+
+    def run():
+        model = Shifted(coco_tiny, task="detect", num_classes=len(coco_tiny.names))
+        return evaluate(model, {}, {}, coco_tiny, image_size=IMAGE_SIZE, batch_size=BATCH, device="cpu", iou=1.0,
+                        workers=2, progress=False, verbose=False, coco=False)
+
+    inline = run()
+    threads: list[str] = []
+    producers: list[bool] = []
+    real_process, real_in_order, real_loader = MetricAccumulator.process, ev_mod._InOrder, loader_mod.ValLoader
+    monkeypatch.setattr(MetricAccumulator, "process",
+                        lambda self, *a: threads.append(threading.current_thread().name) or real_process(self, *a))
+    monkeypatch.setattr(ev_mod, "_InOrder", lambda background, **k: real_in_order(True, **k))
+
+    def producing_loader(*a, **k):
+        producers.append(any(t.name == "yolo_func-val-batches" for t in threading.enumerate()))
+        return real_loader(*a, **{**k, "producer": True})
+
+    monkeypatch.setattr(loader_mod, "ValLoader", producing_loader)
+    real_submit = real_in_order.submit
+
+    def submit(self, *a, **k):  # the producer thread is alive while evaluate consumes its batches
+        producers.append(any(t.name == "yolo_func-val-batches" for t in threading.enumerate()))
+        return real_submit(self, *a, **k)
+
+    monkeypatch.setattr(real_in_order, "submit", submit)
+    threaded = run()
+    assert threads and all(t.startswith("yolo_func-metric") for t in threads), threads
+    assert producers[0] is False and any(producers[1:]), producers
+    assert 0.05 < inline["internal"]["box"]["mAP50-95"] < 0.95
+    assert json.dumps(threaded, sort_keys=True) == json.dumps(inline, sort_keys=True)
