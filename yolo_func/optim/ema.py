@@ -7,8 +7,8 @@ against it as a black box); ``d`` is computed in float64 as the reference does i
 and the decay live on the device; an optional ``stepped`` flag (the training step passes
 :class:`yolo_func.optim.ApplyIfFiniteState`'s, false on accumulating micro-steps and on skipped
 non-finite ones) makes the update a no-op on those calls without a host branch. On the CPU in
-eager mode the weight is read on the host and the lerp is one ``_foreach_lerp`` over the leaves
-(the same bits as the flat-buffer lerp).
+eager mode the lerp is one ``_foreach_lerp`` over the leaves (the same bits as the flat-buffer
+lerp).
 """
 
 from __future__ import annotations
@@ -134,10 +134,10 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
             ef = [e_leaves[i] for i in idx]
             mf = [m_leaves[i] for i in idx]  # read under no_grad below: no per-leaf detach
             if all(x.device.type == "cpu" for x in ef) and host_readable(w):
-                # CPU, eager: one fused lerp over the leaves with the weight read on the host (no
-                # gathering copy of the model into a buffer, no views of a result buffer). The
-                # same bits: the weight is the float the device form casts it to, and each element
-                # goes through the same lerp kernel, per leaf or in one buffer.
+                # CPU, eager: one fused lerp over the leaves (no gathering copy of the model into a
+                # buffer, no views of a result buffer). The same bits: the same 0-dim weight in the
+                # leaves' dtype, and each element goes through the same lerp kernel, per leaf or in
+                # one buffer.
                 lerped = _lerp_by_dtype(ef, mf, w)
             else:
                 with torch.no_grad():  # one lerp per flat (dtype, device) group, not one per leaf
@@ -153,15 +153,14 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
 
 def _lerp_by_dtype(ef: list[torch.Tensor], mf: list[torch.Tensor], w: torch.Tensor) -> list[torch.Tensor]:
     """``[lerp(e, m, w.to(e.dtype)) for e, m]`` with one ``_foreach_lerp`` per dtype (CPU leaves,
-    ``w`` a CPU float64[] read on the host)."""
+    ``w`` a CPU float64[])."""
     out: list = [None] * len(ef)
     groups: dict = {}
     for i, x in enumerate(ef):
         groups.setdefault(x.dtype, []).append(i)
     with torch.no_grad():
         for dtype, idx in groups.items():
-            weight = w.to(dtype).item()  # the float the device form multiplies with, as a Python float
-            res = torch._foreach_lerp([ef[i] for i in idx], [mf[i] for i in idx], weight)
+            res = torch._foreach_lerp([ef[i] for i in idx], [mf[i] for i in idx], w.to(dtype))
             for i, x in zip(idx, res):
                 out[i] = x
     return out
