@@ -444,9 +444,12 @@ def _assemble(b, cls, xyxy, *, batch_size, image_size, masks, keypoints_px, max_
     return Targets(boxes, classes, valid, out_masks, out_kpts), TargetsReport(given, dropped)
 
 
-def _lists_checked(boxes_list, classes_list, masks_list, keypoints_list, num_classes) -> tuple[list, list, list, list]:
+def _lists_checked(boxes_list, classes_list, masks_list, keypoints_list, num_classes, *,
+                   values: bool = True) -> tuple[list, list, list, list]:
     """Per-image lists checked one image at a time, in order (raises the first error with its image
-    and row); returns (boxes float32, classes int64, masks float32, keypoints float32) per image."""
+    and row); returns (boxes float32, classes int64, masks float32, keypoints float32) per image.
+    ``values=False`` checks only types and shapes and returns the classes as given (their values
+    are checked batched, :func:`_lists_fast`)."""
     B = len(boxes_list)
     boxes, classes, masks, kpts = [], [], [], []
     for i in range(B):
@@ -458,23 +461,25 @@ def _lists_checked(boxes_list, classes_list, masks_list, keypoints_list, num_cla
                              f"row per box), got shape {tuple(bx.shape)}")
         bx = bx.float().cpu()
         n = bx.shape[0]
-        check_finite(**{f"boxes_list[{i}]": bx})
-        rev = (bx[:, 2] < bx[:, 0]) | (bx[:, 3] < bx[:, 1])
-        if bool(rev.any()):
-            j = _first(rev)
-            raise ValueError(f"[yolo_func] boxes_list[{i}]: image {i} row {j} is reversed, (x1, y1, x2, y2) = "
-                             f"{_box_text(bx[j])}; expected x1 <= x2 and y1 <= y2 (xyxy corners; centre-form boxes: "
-                             "convert with yolo_func.structures.xywh_to_xyxy)")
+        if values:
+            check_finite(**{f"boxes_list[{i}]": bx})
+            rev = (bx[:, 2] < bx[:, 0]) | (bx[:, 3] < bx[:, 1])
+            if bool(rev.any()):
+                j = _first(rev)
+                raise ValueError(f"[yolo_func] boxes_list[{i}]: image {i} row {j} is reversed, (x1, y1, x2, y2) = "
+                                 f"{_box_text(bx[j])}; expected x1 <= x2 and y1 <= y2 (xyxy corners; centre-form boxes: "
+                                 "convert with yolo_func.structures.xywh_to_xyxy)")
         c = _as_tensor(f"classes_list[{i}]", classes_list[i])
         if not (c.ndim == 1 or (c.ndim == 2 and c.shape[1] == 1)) or c.shape[0] != n:
             raise ValueError(f"[yolo_func] classes_list[{i}]: image {i}: expected int[{n}] (one id per box of "
                              f"boxes_list[{i}]), got shape {tuple(c.shape)}")
         c = c.reshape(-1).cpu()
-        if c.is_floating_point():
-            check_finite(**{f"classes_list[{i}]": c})
-        _check_class_ids(f"classes_list[{i}]", c, lambda j, i=i: f"image {i} row {j}", num_classes)
+        if values:
+            if c.is_floating_point():
+                check_finite(**{f"classes_list[{i}]": c})
+            _check_class_ids(f"classes_list[{i}]", c, lambda j, i=i: f"image {i} row {j}", num_classes)
         boxes.append(bx)
-        classes.append(c.long())
+        classes.append(c.long() if values else c)
         if masks_list is not None:
             m = _as_tensor(f"masks_list[{i}]", masks_list[i])
             if m.ndim != 3 or m.shape[0] != n or (masks and tuple(m.shape[1:]) != tuple(masks[0].shape[1:])):
@@ -493,44 +498,20 @@ def _lists_checked(boxes_list, classes_list, masks_list, keypoints_list, num_cla
 
 
 def _lists_fast(boxes_list, classes_list, masks_list, keypoints_list, num_classes) -> tuple[list, list, list, list] | None:
-    """:func:`_lists_checked`'s result with the value checks run once on the concatenated rows;
-    None (nothing raised) when any check fails, so that the caller can name the first bad entry."""
-    B = len(boxes_list)
-    boxes, classes, masks, kpts, float_classes = [], [], [], [], []
+    """:func:`_lists_checked`'s result with the value checks run once on the concatenated rows
+    (finite boxes with ``x1 <= x2``, ``y1 <= y2``; finite, whole, non-negative class ids below
+    ``num_classes``); None (nothing raised) when any check fails, so that the caller can name the
+    first bad entry with the per-image checks."""
     try:
-        for i in range(B):
-            bx = boxes_list[i] if isinstance(boxes_list[i], torch.Tensor) else torch.as_tensor(boxes_list[i])
-            if bx.ndim == 1 and bx.numel() == 0:
-                bx = bx.reshape(0, 4)
-            if bx.ndim != 2 or bx.shape[1] != 4:
-                return None
-            bx = bx.float().cpu()
-            n = bx.shape[0]
-            c = classes_list[i] if isinstance(classes_list[i], torch.Tensor) else torch.as_tensor(classes_list[i])
-            if not (c.ndim == 1 or (c.ndim == 2 and c.shape[1] == 1)) or c.shape[0] != n:
-                return None
-            c = c.reshape(-1).cpu()
-            if c.is_floating_point():
-                float_classes.append(c)
-            boxes.append(bx)
-            classes.append(c)
-            if masks_list is not None:
-                m = masks_list[i] if isinstance(masks_list[i], torch.Tensor) else torch.as_tensor(masks_list[i])
-                if m.ndim != 3 or m.shape[0] != n or (masks and tuple(m.shape[1:]) != tuple(masks[0].shape[1:])):
-                    return None
-                masks.append(m.float().cpu())
-            if keypoints_list is not None:
-                k = keypoints_list[i] if isinstance(keypoints_list[i], torch.Tensor) else torch.as_tensor(keypoints_list[i])
-                if (k.ndim != 3 or k.shape[0] != n or k.shape[2] not in (2, 3)
-                        or (kpts and tuple(k.shape[1:]) != tuple(kpts[0].shape[1:]))):
-                    return None
-                kpts.append(k.float().cpu())
-    except (TypeError, ValueError, RuntimeError):  # not a tensor / array: named by the per-image checks
+        boxes, classes, masks, kpts = _lists_checked(boxes_list, classes_list, masks_list, keypoints_list,
+                                                     num_classes, values=False)
+    except (TypeError, ValueError, RuntimeError):
         return None
-    if B:
+    if boxes:
         xyxy = torch.cat(boxes)
         if not bool(torch.isfinite(xyxy).all()) or bool(((xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1])).any()):
             return None
+        float_classes = [c for c in classes if c.is_floating_point()]
         if float_classes and not bool(torch.isfinite(torch.cat([c.double() for c in float_classes])).all()):
             return None
         cd = torch.cat([c.double() for c in classes])
