@@ -30,6 +30,12 @@ For each seed:
    ``hsv_*``, ``flip*``; ``mixup``, ``copy_paste``, ``cutmix`` 0, which ours does not have), the
    loss gains, ``conf`` / ``iou`` / ``max_det`` of the per-epoch validation.
 
+``--cross-eval`` adds, per seed, each trainer's final weights (``weights/last.pt``: the EMA) scored
+by the other's validator on the same val split and settings: ours through the reference's
+``YOLO(pt).val`` (after ``benchmarks/to_reference_pt.py``), the reference's through our
+``evaluate``. A gap that stays with the weights whichever validator scores them comes from the
+training; one that follows the validator comes from the evaluation.
+
 Compared: the last epoch's row of each ``results.csv`` (the per-epoch validation of the EMA
 weights on the val split): box mAP50-95 and mAP50 (+ mask / pose). Pass: |mean(ours) -
 mean(reference)| <= ``--tol`` (0.02) mAP50-95 for every kind, the means over the seeds; both
@@ -168,6 +174,46 @@ def child_ref(spec: dict) -> None:
                  **({"note": "torchvision's ops did not load here: NMS was a plain-torch stand-in (smoke run)"} if shim else {})})
 
 
+def child_cross_ref(spec: dict) -> None:
+    """Our final weights scored by the reference's validator (public API: ``YOLO(pt).val``)."""
+    shim = torchvision_nms_shim() if spec["device"] == "cpu" else False
+    from ultralytics import YOLO
+
+    from to_reference_pt import convert
+
+    Path(spec["dir"]).mkdir(parents=True, exist_ok=True)
+    pt = convert(spec["weights"], Path(spec["dir"]) / "ours_as_ref.pt")
+    cuda = spec["device"] != "cpu"
+    m = YOLO(str(pt)).val(data=spec["data"], imgsz=spec["imgsz"], batch=spec["batch"], conf=spec["conf"], iou=spec["iou"],
+                          max_det=spec["max_det"], plots=False, device=0 if cuda else "cpu", verbose=False,
+                          project=spec["dir"], name="val", exist_ok=True, workers=spec["workers"])
+    rd = m.results_dict
+    out = {}
+    for k in spec["kinds"]:
+        s = REF_SUFFIX[k]
+        out[f"{k}/mAP50"], out[f"{k}/mAP50-95"] = _f(rd.get(f"metrics/mAP50({s})")), _f(rd.get(f"metrics/mAP50-95({s})"))
+    emit_result({"metrics": out, **({"note": "plain-torch NMS stand-in (smoke run)"} if shim else {})})
+
+
+def child_cross_ours(spec: dict) -> None:
+    """The reference's final weights scored by our validator (``evaluate``'s internal metric)."""
+    from yolo_func.cli_eval import class_mapping, load_weights, open_dataset
+    from yolo_func.eval import evaluate
+
+    w = load_weights(spec["weights"])
+    dataset = open_dataset(spec["data"], task=w.model.task)
+    class_map, _ = class_mapping(w.names, list(dataset.names))
+    metrics = evaluate(w.model, w.params, w.state, dataset, image_size=spec["imgsz"], batch_size=spec["batch"],
+                       device=spec["device"], conf=spec["conf"], iou=spec["iou"], max_det=spec["max_det"],
+                       class_map=class_map, workers=spec["workers"], progress=False, verbose=False, coco=False)
+    internal = metrics["internal"]
+    out = {}
+    for k in spec["kinds"]:  # the internal metric has no "mask" (the val loader carries no mask labels)
+        if k in internal:
+            out[f"{k}/mAP50"], out[f"{k}/mAP50-95"] = _f(internal[k]["mAP50"]), _f(internal[k]["mAP50-95"])
+    emit_result({"metrics": out, "source": w.source})
+
+
 # -------------------------------------------------------------------------------------------- parent
 
 
@@ -253,6 +299,22 @@ def write_outputs(out: Path, base: str, meta: dict, runs: list[dict], summary: d
           + ", ".join(str(r.get("heads_reinitialised")) for r in runs if r["impl"] == "ours")
           + "); the reference model's weights at its first step minus the init file's, max |diff| (`init_max_abs_diff`): "
           + ", ".join(str(r.get("init_max_abs_diff")) for r in runs if r["impl"] == "ref") + "."]
+    crossed = [r for r in runs if r.get("cross")]
+    if crossed:
+        L += ["", "## Cross evaluation (each trainer's final EMA weights, `weights/last.pt`)", "",
+              "Own validator: the fit's last per-epoch validation; other validator: ours for the reference's weights "
+              "(`evaluate`, internal metric), the reference's `val` for ours.", "",
+              "| weights | seed | kind | own validator mAP50-95 | other validator mAP50-95 | other - own |",
+              "|---|--:|---|--:|--:|--:|"]
+        for r in crossed:
+            last = (r.get("curve") or [{}])[-1]
+            for k in kinds:
+                own, other = last.get(f"{k}/mAP50-95"), (r["cross"] or {}).get(f"{k}/mAP50-95")
+                diff = "-" if own is None or other is None else f"{other - own:+.4f}"
+                L.append(f"| {r['impl']} | {r['seed']} | {k} | {'-' if own is None else f'{own:.4f}'} | "
+                         f"{'-' if other is None else f'{other:.4f}'} | {diff} |")
+            if r["cross"].get("error"):
+                L.append(f"| {r['impl']} | {r['seed']} | error | {r['cross']['error']} | | |")
     L += ["", f"Curves: `{base}.csv` (every fit's per-epoch validation) and `{base}.png`."]
     (out / f"{base}.md").write_text("\n".join(L) + "\n")
     try:
@@ -287,7 +349,7 @@ def _plot(path: Path, runs: list[dict], kinds: tuple, meta: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--child", choices=["init", "ours", "ref"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["init", "ours", "ref", "cross_ref", "cross_ours"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     ap.add_argument("--task", default="detect", choices=["detect", "segment", "pose"])
@@ -307,13 +369,16 @@ def main() -> None:
                     help="mixed: ours BF16 autocast on CUDA, the reference AMP (FP16 + GradScaler), each trainer's "
                          "default; fp32: both in float32 (train.autocast=none, amp=False), where the two trainers' "
                          "numerics can agree (REFERENCE.md 4.5)")
+    ap.add_argument("--cross-eval", action="store_true",
+                    help="also score each trainer's final weights with the other's validator (see the module docstring)")
     ap.add_argument("--tol", type=float, default=0.02)
     ap.add_argument("--run-timeout", type=float, default=300)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args()
     if args.child:
         spec = json.loads(args.spec)
-        {"init": child_init, "ours": child_ours, "ref": child_ref}[args.child](spec)
+        {"init": child_init, "ours": child_ours, "ref": child_ref, "cross_ref": child_cross_ref,
+         "cross_ours": child_cross_ours}[args.child](spec)
         return
 
     from yolo_func.configs import build_config
@@ -363,6 +428,25 @@ def main() -> None:
             print(run["log_tail"], flush=True)
         write_outputs(out, base, meta, runs, summarize(runs, kinds, args.tol), kinds)
 
+    def cross_eval(seed: int) -> None:
+        """Seed ``seed``'s final weights, each scored by the other trainer's validator."""
+        v = our_config.val
+        common = {"device": args.device, "imgsz": args.imgsz, "batch": 2 * args.batch, "conf": v.conf, "iou": v.iou,
+                  "max_det": v.max_det, "workers": min(args.workers, 4), "kinds": list(kinds), "data": data["yolo"]}
+        jobs = [("ours", "cross_ref", tmp / "runs" / f"ours_s{seed}" / "weights" / "last.pt", args.ref_python, env_ref),
+                ("ref", "cross_ours", tmp / "ref_runs" / f"ref_s{seed}" / "weights" / "last.pt", sys.executable, env_ours)]
+        for weights_of, child, w, py, env in jobs:
+            name = f"{child}_s{seed}"
+            spec = {**common, "weights": str(w), "dir": str(tmp / name)}
+            print(f"[{time.perf_counter() - t_start:5.0f} s] {name} ({weights_of}'s weights) ...", flush=True)
+            r = run_child([py, script, "--child", child, "--spec", json.dumps(spec)], log=tmp / f"{name}.log",
+                          timeout=args.run_timeout, env=env)
+            run = next(x for x in runs if x["impl"] == weights_of and x["seed"] == seed)
+            run["cross"] = (r["result"] or {}).get("metrics") if not r["error"] else {"error": r["error"]}
+            if r["error"]:
+                print(r.get("log_tail"), flush=True)
+        write_outputs(out, base, meta, runs, summarize(runs, kinds, args.tol), kinds)
+
     try:
         for seed in args.seeds:
             for impl in ("ours", "ref"):
@@ -390,6 +474,8 @@ def main() -> None:
                     run.update(r["result"])
                     meta["ultralytics"] = r["result"].get("ultralytics", meta.get("ultralytics"))
                 record(run)
+            if args.cross_eval:
+                cross_eval(seed)
     except Exception:  # noqa: BLE001 -- the fits so far are written
         traceback.print_exc()
     print(f"wrote {out / base}.{{json,md,csv,png}} ({time.perf_counter() - t_start:.0f} s); logs and runs in {tmp}", flush=True)

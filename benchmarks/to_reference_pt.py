@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from yolo_func.cli_eval import load_weights  # noqa: E402
 from yolo_func.io import load_reference_checkpoint, to_reference  # noqa: E402
 
-_SUFFIX = {"detect": "", "segment": "-seg"}
+_SUFFIX = {"detect": "", "segment": "-seg", "pose": "-pose"}
 
 
 def convert(src: str | Path, dst: str | Path) -> Path:
@@ -40,15 +40,21 @@ def convert(src: str | Path, dst: str | Path) -> Path:
     w = load_weights(src)
     model = w.model
     sd = {k: v.detach().float().cpu() for k, v in to_reference(model, w.params, w.state).items()}
-    if model.task not in ("detect", "segment"):
-        raise ValueError(f"{src}: only detect and segment models are converted here (got {model.task})")
+    if model.task not in _SUFFIX:
+        raise ValueError(f"{src}: only detect, segment and pose models are converted here (got {model.task})")
     yaml = f"yolov8{model.scale}{_SUFFIX[model.task]}.yaml"
     ref = YOLO(yaml, task=model.task)
-    from ultralytics.nn.tasks import DetectionModel, SegmentationModel
+    from ultralytics.nn.tasks import DetectionModel, PoseModel, SegmentationModel
 
-    cls = {"detect": DetectionModel, "segment": SegmentationModel}[model.task]
     built = ref.model  # YOLO(yaml) set its task and args; a bare cls(...) has neither
-    ref.model = cls(yaml, nc=model.num_classes, verbose=False)
+    if model.task == "pose":
+        from yolo_func.eval.evaluate import model_kpt_shape
+
+        kpt = model_kpt_shape(model, w.params)  # (P, D) from the pose head's output channels
+        ref.model = PoseModel(yaml, nc=model.num_classes, data_kpt_shape=tuple(kpt), verbose=False)
+    else:
+        cls = {"detect": DetectionModel, "segment": SegmentationModel}[model.task]
+        ref.model = cls(yaml, nc=model.num_classes, verbose=False)
     ref.model.task = model.task  # what YOLO(path) reads the task from (else "detect")
     ref.model.args = {**(getattr(built, "args", None) or {}), "task": model.task}
     missing = ref.model.load_state_dict(sd, strict=False)
