@@ -215,6 +215,32 @@ def test_fit_on_cuda_resumed_equals_uninterrupted(tmp_path, data):
     assert_trees_all_equal(b.train_state, a.train_state)
 
 
+@pytest.mark.cuda
+def test_fit_on_cuda_with_the_warmup_thread_equals_one_without(tmp_path, data, monkeypatch):
+    import yolo_func.train.fit as fit_module
+    from yolo_func.train.cuda_warm import ENV, start_cuda_warmup
+
+    started = []
+
+    def recording(*a, **k):
+        w = start_cuda_warmup(*a, **k)
+        started.append(w)
+        return w
+
+    monkeypatch.setattr(fit_module, "start_cuda_warmup", recording)
+
+    def run(name, on):
+        monkeypatch.setenv(ENV, "1" if on else "0")
+        cfg = build_config("yolov8n", flags={"imgsz": IMGSZ, "batch": BATCH, "epochs": 1, "out": str(tmp_path / name),
+                                             "device": "cuda"}, overrides=["data.workers=0", "train.plots=false"])
+        return _fit(cfg, data)
+
+    off, on = run("off", False), run("on", True)
+    assert started[0] is None  # switched off: no thread
+    assert started[1] is not None and started[1].seconds is not None and started[1].error is None  # it really ran
+    assert_trees_all_equal(on.train_state, off.train_state)
+
+
 def test_load_datasets_reads_every_data_layout(tmp_path, data):
     import shutil
 

@@ -66,6 +66,7 @@ from yolo_func.train import coco_background
 from yolo_func.train import distributed as D
 from yolo_func.train.compiled import compile_times_event
 from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
+from yolo_func.train.cuda_warm import start_cuda_warmup
 from yolo_func.train.metrics import MetricsReader
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
 from yolo_func.train.replay import ReplayTrainStep
@@ -772,6 +773,9 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         coco[2].start()  # the scoring interpreter imports while the fit starts and trains its first epoch
     opt = _optimizer(config, nb, world)
     ema = make_ema(config.optim.ema_decay, config.optim.ema_tau)
+    # the lazy CUDA set-up (kernel modules, cuDNN, cuBLAS) on a thread while init_train_state runs;
+    # joined before the first step (opt-in: YOLO_FUNC_CUDA_WARM=1; see yolo_func.train.cuda_warm)
+    warm = start_cuda_warmup(model, opt.tx, device=device, autocast_dtype=dtype, ema=ema) if ctx is None else None
     ts = init_train_state(model, opt.tx, gen, device=device, ema=ema, params=params, state=state)
     # at "step" the targets' bucket (boxes per image, a power of two) is part of the capture key
     # one eager warm-up run per capture: the first sets up every lazy CUDA state (kernels, cuDNN plans,
@@ -879,6 +883,10 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         if records is not None and rank == 0:
             coco[2].submit(epoch_index + 1, records.results, image_ids=records.image_ids, iou_types=records.iou_types)
 
+    if warm is not None:
+        warm.join()  # no capture runs beside it
+        if warm.error is not None:
+            say(f"the CUDA warm-up thread failed ({type(warm.error).__name__}: {warm.error}); the first step sets up CUDA instead")
     finished_cleanly = False
     try:
         with _Interrupt() as interrupt:
