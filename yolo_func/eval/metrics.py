@@ -343,8 +343,8 @@ def _to_host(records: list) -> list:
 
 def _same_class_pairs(gt_boxes: np.ndarray, det_boxes: np.ndarray, gt_classes: list[np.ndarray],
                       det_classes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every (GT, detection) pair of one image and one class with its :func:`box_iou` (the same
-    arithmetic, elementwise; another class scores 0 in the matching whatever its IoU).
+    """Every (GT, detection) pair of one image and one class with its :func:`box_iou` (computed per pair;
+    another class scores 0 in the matching whatever its IoU).
 
     Args:
       gt_boxes: float64[G, 4], the batch's GT boxes image after image; ``gt_classes`` B arrays int[M_b].
@@ -370,14 +370,9 @@ def _same_class_pairs(gt_boxes: np.ndarray, det_boxes: np.ndarray, gt_classes: l
     cnt = hi - lo
     g = np.repeat(np.arange(G), cnt)  # pairs: GT row g with detection row d
     d = order[np.repeat(lo, cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)]
-    a, b = gt_boxes[g], det_boxes[d]
-    lt = np.maximum(a[:, :2], b[:, :2])
-    rb = np.minimum(a[:, 2:], b[:, 2:])
-    wh = np.maximum(rb - lt, 0.0)
-    inter = wh[:, 0] * wh[:, 1]
-    area_a = (gt_boxes[:, 2] - gt_boxes[:, 0]) * (gt_boxes[:, 3] - gt_boxes[:, 1])
-    area_b = (det_boxes[:, 2] - det_boxes[:, 0]) * (det_boxes[:, 3] - det_boxes[:, 1])
-    return gi[g], gs[g], ds[d], inter / (area_a[g] + area_b[d] - inter + 1e-7)
+    # box_iou of each pair on its own: a batch of P (1 x 1) IoU matrices
+    iou = box_iou(torch.from_numpy(gt_boxes[g])[:, None], torch.from_numpy(det_boxes[d])[:, None])[:, 0, 0]
+    return gi[g], gs[g], ds[d], iou.numpy()
 
 
 def _match_pairs(img: np.ndarray, g: np.ndarray, d: np.ndarray, iou: np.ndarray, nd: Sequence[int],
