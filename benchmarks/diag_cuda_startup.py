@@ -108,7 +108,9 @@ def init_parts(kind: str, model, tx, dev: str, sync) -> dict:
     th = None
     if kind.endswith("+dynamo"):
         interval = sys.getswitchinterval()
-        sys.setswitchinterval(2e-4)  # what fit's _warm_imports sets while it imports
+        from yolo_func.train.fit import _IMPORT_SWITCH_INTERVAL_S
+
+        sys.setswitchinterval(_IMPORT_SWITCH_INTERVAL_S)  # what fit's _warm_imports sets while it imports
 
         def imp():
             t = time.perf_counter()

@@ -104,6 +104,16 @@ def _f(v) -> float | None:
         return None
 
 
+def _ref_metrics(row: dict, kinds) -> dict:
+    """``{"box/mAP50": ..., "box/mAP50-95": ..., ...}`` from the reference's ``metrics/mAP50(B)``-style
+    keys (a ``results.csv`` row or a validator's ``results_dict``)."""
+    out = {}
+    for k in kinds:
+        s = REF_SUFFIX[k]
+        out[f"{k}/mAP50"], out[f"{k}/mAP50-95"] = _f(row.get(f"metrics/mAP50({s})")), _f(row.get(f"metrics/mAP50-95({s})"))
+    return out
+
+
 def child_ours(spec: dict) -> None:
     from yolo_func.configs import build_config
     from yolo_func.train import fit
@@ -164,9 +174,7 @@ def child_ref(spec: dict) -> None:
     curve = []
     for r in _read_csv(save_dir / "results.csv"):
         row = {"epoch": int(float(r["epoch"])), "time": _f(r.get("time"))}
-        for k in spec["kinds"]:
-            s = REF_SUFFIX[k]
-            row[f"{k}/mAP50"], row[f"{k}/mAP50-95"] = _f(r.get(f"metrics/mAP50({s})")), _f(r.get(f"metrics/mAP50-95({s})"))
+        row.update(_ref_metrics(r, spec["kinds"]))
         curve.append(row)
     rd = getattr(metrics, "results_dict", None)
     final = {k: float(v) for k, v in rd.items()} if isinstance(rd, dict) else None
@@ -187,12 +195,7 @@ def child_cross_ref(spec: dict) -> None:
     m = YOLO(str(pt)).val(data=spec["data"], imgsz=spec["imgsz"], batch=spec["batch"], conf=spec["conf"], iou=spec["iou"],
                           max_det=spec["max_det"], plots=False, device=0 if cuda else "cpu", verbose=False,
                           project=spec["dir"], name="val", exist_ok=True, workers=spec["workers"])
-    rd = m.results_dict
-    out = {}
-    for k in spec["kinds"]:
-        s = REF_SUFFIX[k]
-        out[f"{k}/mAP50"], out[f"{k}/mAP50-95"] = _f(rd.get(f"metrics/mAP50({s})")), _f(rd.get(f"metrics/mAP50-95({s})"))
-    emit_result({"metrics": out, **({"note": "plain-torch NMS stand-in (smoke run)"} if shim else {})})
+    emit_result({"metrics": _ref_metrics(m.results_dict, spec["kinds"]), **({"note": "plain-torch NMS stand-in (smoke run)"} if shim else {})})
 
 
 def child_cross_ours(spec: dict) -> None:
