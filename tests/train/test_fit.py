@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -217,8 +218,9 @@ def test_fit_on_cuda_resumed_equals_uninterrupted(tmp_path, data):
 
 @pytest.mark.cuda
 def test_fit_on_cuda_with_the_warmup_thread_equals_one_without(tmp_path, data, monkeypatch):
-    import yolo_func.train.fit as fit_module
     from yolo_func.train.cuda_warm import ENV, start_cuda_warmup
+
+    fit_module = importlib.import_module("yolo_func.train.fit")  # the module, not the package's fit function
 
     started = []
 
@@ -377,8 +379,6 @@ def test_segment_and_pose_fits_validate_their_own_metric(tmp_path, task):
 def test_validation_runs_under_val_precision_not_the_training_autocast(tmp_path, data, monkeypatch):
     """``val.precision`` picks the validation autocast (FP16 on CUDA by 'auto'; BF16 blurs high-IoU
     boxes), independently of ``train.autocast``: the spy sees it inside every validation."""
-    import importlib
-
     fit_module = importlib.import_module("yolo_func.train.fit")  # the module, not the package's fit function
     seen = []
     real = fit_module.validate
