@@ -25,7 +25,7 @@ import torch
 from hypothesis import given, settings
 
 from yolo_func.data import CocoDataset, ValLoader
-from yolo_func.eval import Detections, Letterbox, postprocess, scale_to_original
+from yolo_func.eval import Detections, Letterbox, clip_detections, postprocess, scale_to_original
 from yolo_func.eval import coco_eval as CE
 from yolo_func.eval.evaluate import _detections_to_host, evaluate_with_records
 from yolo_func.eval.nms import nms_sorted
@@ -252,6 +252,19 @@ def test_batched_letterbox_undo_equals_scale_to_original(task):
                 assert u is None or (u.dtype == v.dtype and torch.equal(u, v)), f
     no_masks = postprocess(inf, **kw, masks=False, letterbox=lbs)
     assert all(d.masks is None for d in no_masks)
+    # clip=False: scale_to_original(clip=False) of each image, and clipping that gives the default
+    unclipped = postprocess(inf, **kw, masks=False, letterbox=lbs, clip=False)
+    plain = postprocess(inf, **kw, masks=False)
+    clipped = postprocess(inf, **kw, masks=False, letterbox=lbs)
+    crossed = 0
+    for d, u, c, lb in zip(plain, unclipped, clipped, lbs):
+        want = scale_to_original(d, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, clip=False)
+        back = clip_detections(u, lb.orig_shape)
+        for f in ("boxes", "scores", "classes", "keypoints"):
+            a, b, x, y = getattr(want, f), getattr(u, f), getattr(back, f), getattr(c, f)
+            assert a is None or (torch.equal(a, b) and torch.equal(x, y)), f
+        crossed += int((u.boxes != c.boxes).any(1).sum())
+    assert crossed > 0  # some boxes do cross the border, so the two forms differ
 
 
 @settings(parent=settings.get_profile("ci"))

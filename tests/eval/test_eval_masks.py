@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from yolo_func.eval import Detections, Letterbox, masks as M, postprocess, scale_to_original
+from yolo_func.eval import Detections, Letterbox, clip_detections, masks as M, postprocess, scale_to_original
 from yolo_func.models import Inference
 
 
@@ -83,6 +83,14 @@ def test_scale_to_original_boxes_keypoints_hand_computed():
     # Per-axis gains (gain_y, gain_x), as the reference's ratio_pad[0].
     out2 = scale_to_original(det, orig_shape=(50, 60), gain=(2.0, 4.0), pad=(2.0, 4.0))
     assert out2.boxes[0].tolist() == [2.0, 8.0, 7.0, 18.0]
+    # clip=False (the validation metric's form): the same affine map, nothing clipped
+    raw = scale_to_original(det, orig_shape=(50, 60), gain=2.0, pad=(2.0, 4.0), clip=False)
+    assert raw.boxes.tolist() == [[4.0, 8.0, 14.0, 18.0], [-3.0, -2.0, 149.0, 2.0]]
+    assert raw.keypoints[..., :2].tolist() == [[[4.0, 8.0]], [[-1.0, 248.0]]]
+    # and clipping it afterwards gives the clipped form bit for bit
+    again = clip_detections(raw, (50, 60))
+    for f in ("boxes", "keypoints", "scores", "classes"):
+        assert torch.equal(getattr(again, f), getattr(out, f)), f
 
 
 def test_rescale_masks_removes_padding():

@@ -113,6 +113,50 @@ def test_a_shifted_prediction_is_not_ap_1(coco_tiny):
     assert m["bbox"]["AP75"] < 0.5 < m["bbox"]["AP50"]
 
 
+def test_internal_metric_scores_boxes_unclipped_as_the_reference(coco_tiny):
+    """Each prediction is its label widened leftwards by half its width (IoU 2/3 with its label
+    when nothing is clipped: the thresholds 0.50-0.65 hit, so box mAP50-95 is about 0.4). The
+    reference's metric scores boxes as the network placed them, past the image border too; the
+    expectation is the metric computed straight from the labels in original pixels (no letterbox,
+    no clipping), and the same computation with clipped boxes, which lifts the IoU of labels near the
+    left border, must differ. pycocotools still scores clipped records."""
+    from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
+    from yolo_func.eval.postprocess import Detections
+
+    def widen(xyxy):  # x1 moves left by half the width
+        return torch.cat([xyxy[:, :1] - (xyxy[:, 2:3] - xyxy[:, :1]) / 2, xyxy[:, 1:]], 1)
+
+    class WidenedLeft(GroundTruthModel):
+        def predict(self, params, state, images):
+            inf = super().predict(params, state, images)
+            y = inf.y.clone()  # (cx, cy, w, h) rows
+            y[:, 0] -= y[:, 2] / 4
+            y[:, 2] *= 1.5
+            y[:, 4:] *= 1 - 1e-3 * torch.arange(y.shape[2])  # distinct scores: the order is the label order
+            return Inference(y, None)
+
+    model = WidenedLeft(coco_tiny, task="detect", num_classes=len(coco_tiny.names))
+    m, records = evaluate_with_records(model, {}, {}, coco_tiny, image_size=IMAGE_SIZE, batch_size=BATCH, device="cpu",
+                                       iou=1.0, workers=0, progress=False, verbose=False)
+    want = {}
+    for clip in (False, True):
+        acc = MetricAccumulator()
+        for i in range(len(coco_tiny)):
+            boxes, classes, _ = coco_tiny.labels(i)
+            b = torch.from_numpy(boxes).double()
+            p = widen(b)
+            if clip:
+                p = p.clamp(min=0)
+            scores = 0.9 * (1 - 1e-3 * torch.arange(len(b), dtype=torch.float64))
+            acc.process([Detections(p, scores, torch.from_numpy(classes))], [GroundTruth(b, torch.from_numpy(classes))])
+        want[clip] = acc.compute()["box"]
+    assert want[False]["mAP50-95"] == pytest.approx(0.4, abs=0.02)
+    assert want[True]["mAP50-95"] > want[False]["mAP50-95"] + 0.005  # the check can fail
+    for k in ("mAP50", "mAP50-95"):
+        assert m["internal"]["box"][k] == pytest.approx(want[False][k], abs=1e-4), k  # float32 letterbox round trip
+    assert min(r["bbox"][0] for r in records) == 0.0  # the COCO records are clipped
+
+
 def test_random_nano_model_runs_and_returns_every_key(coco_tiny, capsys):
     model = yolov8("n", task="detect", num_classes=len(coco_tiny.names))
     params, state = model.init(torch.Generator().manual_seed(0))

@@ -2,6 +2,7 @@
 
 Public names: :func:`postprocess` / :func:`postprocess_static` (raw inference -> detections),
 :class:`Detections`, :class:`PaddedDetections`, :class:`Letterbox`, :func:`scale_to_original`,
+:func:`clip_detections`,
 the :mod:`~yolo_func.eval.coco_eval` module (COCO results JSON, pycocotools evaluation, the
 accumulating evaluator), :mod:`~yolo_func.eval.metrics` (the reference's per-epoch metric) and
 :mod:`~yolo_func.eval.draw` (pictures); :func:`evaluate` (batched validation of a model on a
@@ -16,6 +17,7 @@ from yolo_func.eval.postprocess import (
     Detections,
     Letterbox,
     PaddedDetections,
+    clip_detections,
     postprocess,
     postprocess_static,
     scale_to_original,
@@ -30,6 +32,7 @@ __all__ = [
     "PaddedDetections",
     "Letterbox",
     "scale_to_original",
+    "clip_detections",
     "unpad",
     "coco_eval",
     "CocoEvaluator",

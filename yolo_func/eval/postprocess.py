@@ -34,6 +34,7 @@ __all__ = [
     "COCO_MAX_DETS",
     "unpad",
     "scale_to_original",
+    "clip_detections",
     "MAX_CANDIDATES",
     "STATIC_CANDIDATES",
 ]
@@ -346,6 +347,7 @@ def postprocess(
     max_candidates: int = MAX_CANDIDATES,
     block: int = 256,
     masks: bool = True,
+    clip: bool = True,
 ) -> list[Detections]:
     """NMS, masks and keypoints for a batch of raw inference outputs (REFERENCE.md §3.2-3.4).
 
@@ -367,6 +369,8 @@ def postprocess(
       block: NMS block size (memory ``B * block^2`` booleans; results do not depend on it).
       masks: assemble masks for a segmentation model's output (False: ``masks`` None, e.g. when
         only boxes are scored).
+      clip: with ``letterbox``, clip boxes and keypoints to the original image (see
+        :func:`scale_to_original`; False for the reference's validation metric).
 
     Returns:
       B :class:`Detections` in descending score order. Floats are float32 (float64 inputs stay
@@ -393,7 +397,7 @@ def postprocess(
     _check_letterbox(inference, mask_method, letterbox)
     sel = _select(inference, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
                   num_classes=num_classes, kpt_shape=kpt_shape, max_candidates=max_candidates, block=block)
-    return _assemble(inference, sel, mask_method=mask_method, letterbox=letterbox, masks=masks)
+    return _assemble(inference, sel, mask_method=mask_method, letterbox=letterbox, masks=masks, clip=clip)
 
 
 def postprocess_with_coco(
@@ -415,6 +419,7 @@ def postprocess_with_coco(
     max_candidates: int = MAX_CANDIDATES,
     block: int = 256,
     masks: bool = True,
+    clip: bool = True,
 ) -> tuple[list[Detections], list[Detections]]:
     """One NMS, two outputs: :func:`postprocess`'s detections and the COCO records' detections.
 
@@ -435,7 +440,8 @@ def postprocess_with_coco(
         default: each class its own.
       coco_masks: assemble the COCO detections' masks (segmentation models).
       conf, iou, max_det, multi_label, agnostic, num_classes, kpt_shape, mask_method, letterbox,
-        max_candidates, block, masks: as in :func:`postprocess`, for the first list.
+        max_candidates, block, masks, clip: as in :func:`postprocess`, for the first list (the COCO
+        detections are always clipped to the image).
 
     Returns:
       ``(detections, coco_detections)``: two lists of B :class:`Detections`.
@@ -467,7 +473,7 @@ def postprocess_with_coco(
                          f"got {max_per_category!r}")
     sel = _select(inference, conf=conf, iou=iou, max_det=max_det, multi_label=multi_label, agnostic=agnostic,
                   num_classes=num_classes, kpt_shape=kpt_shape, max_candidates=max_candidates, block=block)
-    dets = _assemble(inference, sel, mask_method=mask_method, letterbox=letterbox, masks=masks)
+    dets = _assemble(inference, sel, mask_method=mask_method, letterbox=letterbox, masks=masks, clip=clip)
     rows = None
     if max_per_category is not None:
         valid = torch.arange(sel.boxes.shape[1], device=sel.boxes.device)[None] < torch.tensor(
@@ -564,7 +570,7 @@ def _select(inference, *, conf, iou, max_det, multi_label, agnostic, num_classes
     return _Selected(boxes, scores, classes, extra, res.count.tolist(), kpts)  # sizes: a host read
 
 
-def _assemble(inference, sel: _Selected, *, mask_method, letterbox, masks, rows=None) -> list[Detections]:
+def _assemble(inference, sel: _Selected, *, mask_method, letterbox, masks, rows=None, clip=True) -> list[Detections]:
     """Per-image :class:`Detections` of the selected rows (``rows``: per image, the indices of the
     rows to return, in order; None: all of them), masks assembled for those rows only."""
     boxes, scores, classes, extra, counts, kpts = sel
@@ -573,7 +579,7 @@ def _assemble(inference, sel: _Selected, *, mask_method, letterbox, masks, rows=
     with_masks = inference.protos is not None and masks
     input_shape = _input_shape(inference)
     if letterbox is not None:  # boxes and keypoints of the whole batch at once (as scale_to_original)
-        orig_boxes, orig_kpts = _scale_batch(boxes, keypoints, letterbox)
+        orig_boxes, orig_kpts = _scale_batch(boxes, keypoints, letterbox, clip)
     val_masks = None
     if with_masks and mask_method == "val":  # the whole batch in one matmul + crop, kept rows only
         d = max(counts, default=0)
@@ -615,7 +621,7 @@ def _assemble(inference, sel: _Selected, *, mask_method, letterbox, masks, rows=
     return out
 
 
-def _scale_batch(boxes: torch.Tensor, keypoints: torch.Tensor | None, letterbox: Sequence[Letterbox]):
+def _scale_batch(boxes: torch.Tensor, keypoints: torch.Tensor | None, letterbox: Sequence[Letterbox], clip: bool = True):
     """:func:`scale_to_original` of boxes float[B, D, 4] and keypoints float[B, D, P, Dk] | None for
     the whole batch (the same elementwise operations, so bitwise the same numbers; one small
     host-to-device copy instead of two per image)."""
@@ -627,13 +633,14 @@ def _scale_batch(boxes: torch.Tensor, keypoints: torch.Tensor | None, letterbox:
     t = torch.tensor(rows, dtype=boxes.dtype).to(boxes.device, non_blocking=True)[:, None]  # [B, 1, 6]
     pad, gain, lim = t[..., 0:2], t[..., 2:4], t[..., 4:6]
     zero = torch.zeros((), dtype=boxes.dtype, device=boxes.device)
-    xy = torch.minimum(torch.maximum((boxes.unflatten(-1, (2, 2)) - pad[..., None, :]) / gain[..., None, :], zero),
-                       lim[..., None, :]).flatten(-2)
+    def undo(xy, lim):
+        xy = (xy - pad[..., None, :]) / gain[..., None, :]
+        return torch.minimum(torch.maximum(xy, zero), lim) if clip else xy
+
+    xy = undo(boxes.unflatten(-1, (2, 2)), lim[..., None, :]).flatten(-2)
     kp = None
     if keypoints is not None:
-        k = keypoints[..., :2]
-        kxy = torch.minimum(torch.maximum((k - pad[..., None, :]) / gain[..., None, :], zero), lim[..., None, :])
-        kp = torch.cat((kxy, keypoints[..., 2:]), -1)
+        kp = torch.cat((undo(keypoints[..., :2], lim[..., None, :]), keypoints[..., 2:]), -1)
     return xy, kp
 
 
@@ -758,6 +765,33 @@ def unpad(padded: PaddedDetections) -> list[Detections]:
     return out
 
 
+def clip_detections(detections: Detections, orig_shape: tuple[int, int]) -> Detections:
+    """Boxes and keypoints clipped to the image ``[0, w0] x [0, h0]`` (scores, classes, masks and
+    keypoint confidences untouched): ``scale_to_original(d, ..., clip=False)`` followed by this
+    equals ``scale_to_original(d, ..., clip=True)`` bit for bit.
+
+    Args:
+      detections: one image's :class:`Detections` in original pixels, boxes float[N, 4] xyxy,
+        keypoints float[N, P, D] or None.
+      orig_shape: (h0, w0).
+
+    Returns:
+      :class:`Detections`.
+
+    Example:
+      >>> import torch
+      >>> from yolo_func.eval import Detections, clip_detections
+      >>> d = Detections(torch.tensor([[-4.0, 2.0, 70.0, 30.0]]), torch.tensor([0.9]), torch.tensor([0]))
+      >>> clip_detections(d, (32, 64)).boxes
+      tensor([[ 0.,  2., 64., 30.]])
+    """
+    h0, w0 = int(orig_shape[0]), int(orig_shape[1])
+    k = detections.keypoints
+    if k is not None:
+        k = torch.cat((k[..., :1].clamp(0, w0), k[..., 1:2].clamp(0, h0), k[..., 2:]), -1)
+    return detections._replace(boxes=clip_boxes(detections.boxes, (h0, w0)), keypoints=k)
+
+
 def scale_to_original(
     detections: Detections,
     *,
@@ -765,11 +799,12 @@ def scale_to_original(
     gain: float | tuple[float, float],
     pad: tuple[float, float],
     input_shape: tuple[int, int] | None = None,
+    clip: bool = True,
 ) -> Detections:
     """Undo the letterbox: from network-input pixels to original-image pixels.
 
-    Boxes and keypoints: ``(xy - pad) / gain`` (per axis) then clipped to ``[0, w0] x [0, h0]`` (keypoint
-    confidences untouched). Masks (covering the whole input at any resolution): the padding is
+    Boxes and keypoints: ``(xy - pad) / gain`` (per axis) then, with ``clip``, clipped to
+    ``[0, w0] x [0, h0]`` (keypoint confidences untouched). Masks (covering the whole input at any resolution): the padding is
     cropped, the rest resized bilinearly to ``orig_shape`` and thresholded at 0.5
     (:func:`yolo_func.eval.masks.rescale_masks`).
 
@@ -781,6 +816,9 @@ def scale_to_original(
       pad: (left, top) padding in input pixels.
       input_shape: (H, W) of the network input; needed only with masks, and inferred as
         ``round(orig * gain + 2 * pad)`` (a centred letterbox) when not given.
+      clip: clip boxes and keypoints to the image (predictions, COCO records). False keeps them
+        as the network placed them, possibly past the image: the reference's internal
+        validation metric scores those (:func:`yolo_func.eval.evaluate`); masks are unaffected.
 
     Returns:
       :class:`Detections` in original-image pixels (masks bool[N, h0, w0]).
@@ -805,12 +843,14 @@ def scale_to_original(
     h0, w0 = int(orig_shape[0]), int(orig_shape[1])
     px, py = float(pad[0]), float(pad[1])
     b = detections.boxes
-    boxes = clip_boxes((b - b.new_tensor([px, py, px, py])) / b.new_tensor([gx, gy, gx, gy]), (h0, w0))
-    out = detections._replace(boxes=boxes)
+    boxes = (b - b.new_tensor([px, py, px, py])) / b.new_tensor([gx, gy, gx, gy])
+    out = detections._replace(boxes=clip_boxes(boxes, (h0, w0)) if clip else boxes)
     k = detections.keypoints
     if k is not None:
-        x = ((k[..., 0] - px) / gx).clamp(0, w0)
-        y = ((k[..., 1] - py) / gy).clamp(0, h0)
+        x = (k[..., 0] - px) / gx
+        y = (k[..., 1] - py) / gy
+        if clip:
+            x, y = x.clamp(0, w0), y.clamp(0, h0)
         out = out._replace(keypoints=torch.cat((x[..., None], y[..., None], k[..., 2:]), -1))
     if detections.masks is not None:
         if input_shape is None:

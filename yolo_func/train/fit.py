@@ -57,7 +57,7 @@ from yolo_func.data.augment import AugmentConfig as LoaderAugment
 from yolo_func.data.loader import ValBatch, val_boxes_to_original
 from yolo_func.eval.coco_eval import CocoEvaluator, category_groups, load_coco
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
-from yolo_func.eval.postprocess import Letterbox, postprocess, postprocess_with_coco, scale_to_original
+from yolo_func.eval.postprocess import Letterbox, clip_detections, postprocess, postprocess_with_coco, scale_to_original
 from yolo_func.func import autocast_dtype, eval_autocast_dtype
 from yolo_func.models.yolov8 import Model, yolov8
 from yolo_func.optim import ema as make_ema
@@ -447,7 +447,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
             pad = tuple(float(v) for v in vb.pads[b])
             orig = tuple(int(v) for v in vb.orig_shapes[b])
             masks = det.masks
-            det = scale_to_original(det._replace(masks=None), orig_shape=orig, gain=(gy, gx), pad=pad)
+            # unclipped, as the reference's metric scores them (clipping lifts border boxes' IoU)
+            det = scale_to_original(det._replace(masks=None), orig_shape=orig, gain=(gy, gx), pad=pad, clip=False)
             outs.append(det._replace(masks=masks))
             keep = t.valid[b]
             boxes = val_boxes_to_original(t.boxes[b][keep].float(), vb.gains[b], vb.pads[b], vb.orig_shapes[b])
@@ -469,7 +470,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
             gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
         acc.process(outs, gts)
         if coco is not None:
-            coco.process([int(i) for i in vb.image_ids], native if native is not None else outs)
+            coco.process([int(i) for i in vb.image_ids], native if native is not None else
+                         [clip_detections(d, tuple(int(v) for v in o)) for d, o in zip(outs, vb.orig_shapes)])
     if gather:
         _gather_validation(acc, coco)
     return acc.compute()
