@@ -76,17 +76,17 @@ def reference_metrics(pt: Path, data: Path, args, kinds) -> dict:
     return out
 
 
-def our_metrics(weights: str, data: Path, args, kinds) -> tuple[dict, str]:
-    from yolo_func.cli_eval import class_mapping, load_weights, open_dataset
+def our_metrics(w, data: Path, args, kinds) -> dict:
+    """``evaluate``'s internal metric of the loaded checkpoint ``w`` (``cli_eval.load_weights``)."""
+    from yolo_func.cli_eval import class_mapping, open_dataset
     from yolo_func.eval import evaluate
 
-    w = load_weights(weights)
     ds = open_dataset(str(data), task=w.model.task)
     class_map, _ = class_mapping(w.names, list(ds.names))
     m = evaluate(w.model, w.params, w.state, ds, image_size=args.imgsz, batch_size=args.batch, device=args.device,
                  conf=args.conf, iou=args.iou, max_det=args.max_det, class_map=class_map, workers=args.workers,
                  progress=False, verbose=False, coco=False)["internal"]
-    return {k: {q: float(m[k][q]) for q in ("P", "R", "mAP50", "mAP50-95")} for k in kinds}, w.model.task
+    return {k: {q: float(m[k][q]) for q in ("P", "R", "mAP50", "mAP50-95")} for k in kinds}
 
 
 def main(argv=None) -> int:
@@ -108,6 +108,7 @@ def main(argv=None) -> int:
         ap.error("--data: one, or one per --weights")
     shim = torchvision_nms_shim() if args.device == "cpu" else False
     from to_reference_pt import convert
+    from yolo_func.cli_eval import load_weights
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,12 +117,11 @@ def main(argv=None) -> int:
     for i, weights in enumerate(args.weights):
         data_arg = args.data[0] if len(args.data) == 1 else args.data[i]
         t0 = time.perf_counter()
-        from yolo_func.cli_eval import load_weights
-
-        task = load_weights(weights).model.task
+        w = load_weights(weights)  # read once: the task and our metric
+        task = w.model.task
         kinds = KINDS[task]
         data = yolo_data(data_arg, task, work)
-        ours, _ = our_metrics(weights, data, args, kinds)
+        ours = our_metrics(w, data, args, kinds)
         with contextlib.redirect_stdout(io.StringIO()):
             ref_pt = convert(weights, work / f"{i}_{Path(weights).stem}_as_ref.pt")
         ref = reference_metrics(ref_pt, data, args, kinds)

@@ -843,15 +843,14 @@ def scale_to_original(
     h0, w0 = int(orig_shape[0]), int(orig_shape[1])
     px, py = float(pad[0]), float(pad[1])
     b = detections.boxes
-    boxes = (b - b.new_tensor([px, py, px, py])) / b.new_tensor([gx, gy, gx, gy])
-    out = detections._replace(boxes=clip_boxes(boxes, (h0, w0)) if clip else boxes)
+    out = detections._replace(boxes=(b - b.new_tensor([px, py, px, py])) / b.new_tensor([gx, gy, gx, gy]))
     k = detections.keypoints
     if k is not None:
         x = (k[..., 0] - px) / gx
         y = (k[..., 1] - py) / gy
-        if clip:
-            x, y = x.clamp(0, w0), y.clamp(0, h0)
         out = out._replace(keypoints=torch.cat((x[..., None], y[..., None], k[..., 2:]), -1))
+    if clip:
+        out = clip_detections(out, (h0, w0))
     if detections.masks is not None:
         if input_shape is None:
             input_shape = (int(round(h0 * gy + 2 * py)), int(round(w0 * gx + 2 * px)))

@@ -471,7 +471,7 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
         acc.process(outs, gts)
         if coco is not None:
             coco.process([int(i) for i in vb.image_ids], native if native is not None else
-                         [clip_detections(d, tuple(int(v) for v in o)) for d, o in zip(outs, vb.orig_shapes)])
+                         [clip_detections(d, o) for d, o in zip(outs, vb.orig_shapes.tolist())])
     if gather:
         _gather_validation(acc, coco)
     return acc.compute()
