@@ -214,6 +214,21 @@ def test_pinned_batches_reach_the_device_unchanged():
     assert_trees_all_equal(pinned, plain)
 
 
+@pytest.mark.cuda
+def test_pinned_val_batches_are_letterboxed_into_page_locked_buffers():
+    ds = ellipse_dataset(10, "detect")
+    plain = list(ValLoader(ds, batch_size=3, image_size=64, workers=0, pin_memory=False))
+    for kw in (dict(workers=0), dict(workers=3)):
+        pinned = list(ValLoader(ds, batch_size=3, image_size=64, pin_memory=True, **kw))
+        for a, b in zip(pinned, plain):
+            assert a.images.is_pinned() and a.images.is_contiguous(memory_format=torch.channels_last)
+            assert all(v.is_pinned() for v in a.targets if v is not None)
+            dev = a.images.to("cuda", non_blocking=True)
+            torch.cuda.synchronize()
+            assert torch.equal(dev.cpu(), b.images)
+        _assert_val_batches_equal(pinned, plain)
+
+
 def test_worker_batches_send_small_targets_inline_and_arrive_unchanged():
     # a worker's batch crosses the pipe with its small target arrays pickled inline (no shared-memory
     # segment and file descriptor each); what the main process gets back is the same Batch
@@ -300,6 +315,39 @@ def test_val_loader_backends_give_the_same_batches_and_skips(task):
     for name in ("threads", "threads1", "consumer", "processes"):
         assert got[name][1] == got["main"][1], name
         _assert_val_batches_equal(got[name][0], got["main"][0])
+
+
+@pytest.mark.parametrize("kw", [dict(workers=0), dict(workers=3), dict(workers=2, producer=False)])
+def test_val_images_letterboxed_into_the_batch_buffer_equal_the_stacked_ones(kw):
+    # the GPU path (pinned batches): readers letterbox straight into one NHWC buffer per batch; here
+    # switched on without pinning, against the stacking path, bad images (a slot left out) included
+    ds = ellipse_dataset(11, "pose", keypoints=5, bad=(3, 7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = list(ValLoader(ds, batch_size=3, image_size=64, pin_memory=False, workers=0))
+        loader = ValLoader(ds, batch_size=3, image_size=64, pin_memory=False, **kw)
+        loader._batches.direct = True
+        got = list(loader)
+    assert sorted(loader.skipped) == [3, 7]
+    assert all(vb.images.is_contiguous(memory_format=torch.channels_last) for vb in got)
+    assert any(vb.images.shape[0] < 3 for vb in got)  # a batch that lost a slot
+    _assert_val_batches_equal(got, want)
+
+
+def test_letterbox_into_a_given_array_fills_every_pixel():
+    from yolo_func.data.augment import letterbox
+
+    rng = np.random.default_rng(0)
+    for (h, w), shape in [((40, 64), (64, 64)), ((64, 30), (64, 96)), ((50, 50), (64, 64)), ((64, 64), (64, 64)),
+                          ((100, 80), (64, 64))]:
+        img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        want, p = letterbox(img, shape, scaleup=False)
+        out = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)  # garbage: every pixel must be written
+        got, q = letterbox(img, shape, scaleup=False, out=out)
+        assert got is out and q == p
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=r"out must be uint8\[64, 64, 3\]"):
+        letterbox(img, (64, 64), out=np.zeros((64, 32, 3), np.uint8))
 
 
 def test_threaded_val_loader_can_be_left_early_and_iterated_again():

@@ -325,7 +325,7 @@ def letterbox_params(shape: tuple[int, int], new_shape: tuple[int, int], *, scal
 
 
 def letterbox(image: np.ndarray, new_shape: tuple[int, int], *, scaleup: bool = True, center: bool = True,
-              pad_value: int = PAD_VALUE) -> tuple[np.ndarray, LetterboxParams]:
+              pad_value: int = PAD_VALUE, out: np.ndarray | None = None) -> tuple[np.ndarray, LetterboxParams]:
     """Resize (linear) keeping the aspect ratio and pad to ``new_shape`` with ``pad_value``.
 
     Args:
@@ -333,16 +333,28 @@ def letterbox(image: np.ndarray, new_shape: tuple[int, int], *, scaleup: bool = 
       new_shape: (H, W).
       scaleup, center: see :func:`letterbox_params`.
       pad_value: fill of the padding (114).
+      out: optional uint8[H, W, 3] to write the result into (e.g. a slot of a page-locked batch
+        buffer, which saves stacking and pinning copies); default a new array.
 
     Returns:
-      (uint8[H, W, 3], :class:`LetterboxParams`).
+      (uint8[H, W, 3] -- ``out`` when given --, :class:`LetterboxParams`).
     """
     p = letterbox_params(image.shape[:2], new_shape, scaleup=scaleup, center=center)
     if p.resized != p.shape:
         image = cv2.resize(image, (p.resized[1], p.resized[0]), interpolation=cv2.INTER_LINEAR)
-    out = np.full((*p.new_shape, 3), pad_value, np.uint8)
     left, top = p.pad
-    out[top:top + p.resized[0], left:left + p.resized[1]] = image
+    (nh, nw), (H, W) = p.resized, p.new_shape
+    if out is None:
+        out = np.full((H, W, 3), pad_value, np.uint8)
+    else:
+        if out.shape != (H, W, 3) or out.dtype != np.uint8:
+            raise ValueError(f"[yolo_func] letterbox: out must be uint8[{H}, {W}, 3], got {out.dtype}{list(out.shape)}")
+        # only the padding strips are filled: the image covers the rest
+        out[:top] = pad_value
+        out[top + nh:] = pad_value
+        out[top:top + nh, :left] = pad_value
+        out[top:top + nh, left + nw:] = pad_value
+    out[top:top + nh, left:left + nw] = image
     return out, p
 
 

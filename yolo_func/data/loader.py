@@ -460,7 +460,9 @@ class ValBatch(NamedTuple):
     """One rectangular validation batch and what maps predictions back to original pixels.
 
     Attributes:
-      images: uint8[B, 3, H, W] (the batch's rect shape).
+      images: uint8[B, 3, H, W] (the batch's rect shape); page-locked batches (``pin_memory``) are the
+        NCHW view of an NHWC buffer (channels-last strides, what a GPU forward wants; the readers
+        letterbox into it): ``.contiguous()`` gives a dense NCHW copy.
       targets: :class:`Targets` in letterboxed pixels (boxes, classes, keypoints; no masks).
       image_ids: int64[B].
       file_names: B strings.
@@ -540,6 +542,7 @@ class _ValBatches:
     def __init__(self, source: _Source, order: np.ndarray, shapes: np.ndarray, batch_size: int, pin_memory: bool = False):
         self.source, self.order, self.shapes, self.batch_size = source, order, shapes, batch_size
         self.pin_memory = pin_memory  # page-locked batches (threads / main process; a DataLoader pins its own)
+        self.direct = pin_memory  # readers letterbox into a batch buffer (see buffer(); tests switch it on the CPU)
 
     def indices(self, b: int) -> list[int]:
         """The dataset indices of rect batch ``b``, in order."""
@@ -553,39 +556,60 @@ class _ValBatches:
     def __getitem__(self, key: tuple[int, int]) -> tuple[ValBatch, dict[int, str]]:
         _, b = key
         H, W = (int(v) for v in self.shapes[b])
-        return self.assemble(b, [self.one(i, H, W) for i in self.indices(b)]), self.errors_of(b)
+        buffer = self.buffer(b)
+        slots = _slots(buffer, len(self.indices(b)))
+        return self.assemble(b, [self.one(i, H, W, slot) for i, slot in zip(self.indices(b), slots)],
+                             buffer), self.errors_of(b)
 
-    def one(self, index: int, H: int, W: int) -> tuple | None:
+    def buffer(self, b: int) -> torch.Tensor | None:
+        """A page-locked ``uint8[n, H, W, 3]`` for rect batch ``b``'s images, which the readers
+        letterbox straight into (no stacking, no pinning copy: the two copies of a whole batch that
+        would otherwise run on one thread), or None when batches are not pinned here (the CPU; a
+        DataLoader pins its own). The host allocator's cache recycles it once its copy is done."""
+        if not self.direct:
+            return None
+        H, W = (int(v) for v in self.shapes[b])
+        return torch.empty((len(self.indices(b)), H, W, 3), dtype=torch.uint8, pin_memory=self.pin_memory)
+
+    def one(self, index: int, H: int, W: int, out: np.ndarray | None = None) -> tuple | None:
         """Image ``index`` read, resized and letterboxed into (H, W) with its labels moved along;
-        None when it cannot be read (counted in ``source.errors``). Thread-safe."""
+        None when it cannot be read (counted in ``source.errors``). ``out``: a uint8[H, W, 3] slot
+        to letterbox into (then the result's image is None). Thread-safe."""
         got = self._read(index)
         if got is None:  # skipped (counted); not replaced: a copy would be evaluated twice
             return None
         rec, s = got
         h0, w0 = s.image.shape[:2]
-        img, p = letterbox(rec.image, (H, W), scaleup=False, center=True, pad_value=PAD_VALUE)
+        img, p = letterbox(rec.image, (H, W), scaleup=False, center=True, pad_value=PAD_VALUE, out=out)
         gx, gy = p.gain[0] * rec.image.shape[1] / w0, p.gain[1] * rec.image.shape[0] / h0
         k = None
         if rec.keypoints is not None:
             k = rec.keypoints.copy()
             k[..., 0] = k[..., 0] * p.gain[0] + p.pad[0]
             k[..., 1] = k[..., 1] * p.gain[1] + p.pad[1]
-        return (img.transpose(2, 0, 1), letterbox_boxes(rec.boxes, p), rec.classes, k, int(s.image_id),
-                str(s.file_name), (h0, w0), (gx, gy), p.pad)
+        return (None if out is not None else img.transpose(2, 0, 1), letterbox_boxes(rec.boxes, p), rec.classes, k,
+                int(s.image_id), str(s.file_name), (h0, w0), (gx, gy), p.pad)
 
-    def assemble(self, b: int, parts: Sequence[tuple | None]) -> ValBatch:
+    def assemble(self, b: int, parts: Sequence[tuple | None], buffer: torch.Tensor | None = None) -> ValBatch:
         """The :class:`ValBatch` of rect batch ``b`` from its images' :meth:`one` results (page-locked
-        when ``pin_memory``)."""
+        when ``pin_memory``). ``buffer``: the :meth:`buffer` the images were letterboxed into; the
+        batch's images are then its NCHW view (channels-last strides)."""
         H, W = (int(v) for v in self.shapes[b])
-        parts = [x for x in parts if x is not None]
+        kept = [k for k, x in enumerate(parts) if x is not None]
+        parts = [parts[k] for k in kept]
         if not parts:
             bad = [self.source.errors.get(i, "?") for i in self.indices(b)]
             raise ValueError(f"[yolo_func] ValLoader: no image of validation batch {b} could be read: {bad[:3]}; "
                              "fix or remove these files")
         images, boxes, classes, kpts, ids, names, orig, gains, pads = zip(*parts)
-        images = torch.from_numpy(np.stack(images))
-        if self.pin_memory:
-            images = images.pin_memory()
+        if buffer is not None:
+            if len(kept) < buffer.shape[0]:  # a skipped image: its slot left out (rare; one more copy)
+                buffer = buffer[kept].pin_memory() if self.pin_memory else buffer[kept]
+            images = buffer.permute(0, 3, 1, 2)
+        else:
+            images = torch.from_numpy(np.stack(images))
+            if self.pin_memory:
+                images = images.pin_memory()
         kpts = [k for k in kpts if k is not None]
         t = targets_from_lists([torch.from_numpy(x) for x in boxes], [torch.from_numpy(c) for c in classes],
                                image_size=(H, W),
@@ -611,6 +635,14 @@ class _ValBatches:
 
     def __len__(self) -> int:
         return len(self.shapes)
+
+
+def _slots(buffer: torch.Tensor | None, n: int) -> list[np.ndarray | None]:
+    """The ``n`` uint8[H, W, 3] numpy views of a batch buffer's images (all None without one)."""
+    if buffer is None:
+        return [None] * n
+    arr = buffer.numpy()
+    return [arr[k] for k in range(n)]
 
 
 def _pin_targets(t: Targets) -> Targets:
@@ -744,20 +776,22 @@ class ValLoader:
 
         def submit(b: int) -> None:
             H, W = (int(v) for v in vb.shapes[b])
-            pending.append((b, [ex.submit(vb.one, i, H, W) for i in vb.indices(b)]))
+            buffer = vb.buffer(b)
+            slots = _slots(buffer, len(vb.indices(b)))
+            pending.append((b, buffer, [ex.submit(vb.one, i, H, W, slot) for i, slot in zip(vb.indices(b), slots)]))
 
         try:
             for b in batches[:ahead]:
                 submit(b)
             nxt = ahead
             while pending and not (stop is not None and stop.is_set()):
-                b, futures = pending.popleft()
+                b, buffer, futures = pending.popleft()
                 if nxt < len(batches):
                     submit(batches[nxt])
                     nxt += 1
-                yield vb.assemble(b, [f.result() for f in futures]), vb.errors_of(b)
+                yield vb.assemble(b, [f.result() for f in futures], buffer), vb.errors_of(b)
         finally:
-            for _, futures in pending:  # stopped early: nothing left queued on the pool
+            for _, _, futures in pending:  # stopped early: nothing left queued on the pool
                 for f in futures:
                     f.cancel()
 

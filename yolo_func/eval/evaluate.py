@@ -162,6 +162,15 @@ def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
     return gt, [c["id"] for c in gt["categories"]]
 
 
+def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A val batch's uint8 images on ``device``: channels-last on a GPU (as the fit's validation and
+    training run, and as a pinned :class:`ValBatch` already is), dense NCHW elsewhere."""
+    x = images.to(device, non_blocking=True)
+    if device.type == "cuda":
+        return x.contiguous(memory_format=torch.channels_last)
+    return x.contiguous()
+
+
 def _letterboxes(batch) -> list[Letterbox]:
     out = []
     for (h, w), (gx, gy), (px, py) in zip(batch.orig_shapes.tolist(), batch.gains.tolist(), batch.pads.tolist()):
@@ -482,7 +491,7 @@ def evaluate_with_records(
         for batch in loader:
             letterboxes = _letterboxes(batch)
             coco_dets = None  # COCO's own detections when they differ from the metric's
-            got = replayer(batch.images.to(dev, non_blocking=True)) if replayer is not None else None
+            got = replayer(_images_to(batch.images, dev)) if replayer is not None else None
             if got is not None and got[0] is not None:
                 dets = [scale_to_original(d, orig_shape=lb.orig_shape, gain=lb.gain, pad=lb.pad, clip=False)
                         for d, lb in zip(_detections_to_host(got[0]), letterboxes)]
@@ -490,7 +499,7 @@ def evaluate_with_records(
                 if got is not None:  # replayed, but the static NMS did not converge: redo it eagerly
                     inference = got[1]
                 else:
-                    images = batch.images.to(dev, non_blocking=True).float() / 255
+                    images = _images_to(batch.images, dev).float() / 255
                     with autocast(dev, amp):
                         inference = model.predict(params, state, images)
                 if coco_ev is not None and inference.protos is not None:
