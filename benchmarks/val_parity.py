@@ -16,8 +16,10 @@ For each of our checkpoints (``yolo-func train``'s ``weights/best.pt``):
    (``--data``: a YOLO ``data.yaml``; ``coco-tiny`` / ``coco-pose-tiny`` write the shared COCO
    subset in the Ultralytics format first, so both read the same files).
 
-Compared per kind (box, pose; the reference's mask metric has no counterpart in ``evaluate``'s
-internal metric, which carries no mask labels): P, R, mAP50, mAP50-95 and their differences;
+Compared per kind: box and pose from ``evaluate``; for a segmentation checkpoint also ``mask``, from
+the fit's per-epoch validation (:func:`yolo_func.train.fit.validate`: ``evaluate``'s internal
+metric carries no mask labels), whose box row must equal ``evaluate``'s. P, R, mAP50, mAP50-95 and
+their differences;
 pass: every |mAP difference| <= ``--tol`` (0.002: the two forwards differ by float rounding only).
 Writes ``val_parity_<stamp>.{json,md}`` under ``--out``.
 """
@@ -38,8 +40,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from _fit_common import SHARED, host_meta, torchvision_nms_shim, utc_stamp  # noqa: E402
 
-REF_SUFFIX = {"box": "B", "pose": "P"}
-KINDS = {"detect": ("box",), "segment": ("box",), "pose": ("box", "pose")}
+REF_SUFFIX = {"box": "B", "pose": "P", "mask": "M"}
+KINDS = {"detect": ("box",), "segment": ("box", "mask"), "pose": ("box", "pose")}
 
 
 def yolo_data(data: str, task: str, work: Path) -> Path:
@@ -86,7 +88,32 @@ def our_metrics(w, data: Path, args, kinds) -> dict:
     m = evaluate(w.model, w.params, w.state, ds, image_size=args.imgsz, batch_size=args.batch, device=args.device,
                  conf=args.conf, iou=args.iou, max_det=args.max_det, class_map=class_map, workers=args.workers,
                  progress=False, verbose=False, coco=False)["internal"]
-    return {k: {q: float(m[k][q]) for q in ("P", "R", "mAP50", "mAP50-95")} for k in kinds}
+    out = {k: {q: float(m[k][q]) for q in ("P", "R", "mAP50", "mAP50-95")} for k in kinds if k != "mask"}
+    if "mask" in kinds:  # the fit's validation (the only mask metric of ours), same loader settings
+        import torch
+
+        from yolo_func.configs import build_config
+        from yolo_func.data import ValLoader
+        from yolo_func.train.fit import validate
+
+        if class_map != list(range(len(class_map))):
+            raise SystemExit("val_parity: the mask row needs the checkpoint's classes in the dataset's order")
+        cfg = build_config("yolov8n-seg", flags={"imgsz": args.imgsz},
+                           overrides=[f"val.conf={args.conf}", f"val.iou={args.iou}", f"val.max_det={args.max_det}"])
+        loader = ValLoader(ds, batch_size=args.batch, image_size=args.imgsz, workers=args.workers)
+        dev = torch.device("cuda" if args.device not in ("cpu",) else "cpu")
+        amp = torch.float16 if dev.type == "cuda" else None  # as evaluate's precision="auto"
+        v = validate(w.model, _to(w.params, dev), _to(w.state, dev), loader, ds,
+                     config=cfg, device=dev, autocast_dtype=amp, progress=False)
+        out["mask"] = {q: float(v["mask"][q]) for q in ("P", "R", "mAP50", "mAP50-95")}
+        out["box_fit_validate"] = {q: float(v["box"][q]) for q in ("P", "R", "mAP50", "mAP50-95")}
+    return out
+
+
+def _to(tree, dev):
+    from yolo_func import tree as T
+
+    return T.tree_map(lambda x: x.to(dev), tree)
 
 
 def main(argv=None) -> int:
@@ -126,6 +153,9 @@ def main(argv=None) -> int:
             ref_pt = convert(weights, work / f"{i}_{Path(weights).stem}_as_ref.pt")
         ref = reference_metrics(ref_pt, data, args, kinds)
         diff = {k: {q: ours[k][q] - ref[k][q] for q in ours[k]} for k in kinds}
+        if "box_fit_validate" in ours:  # the fit's validation scores boxes as evaluate does
+            print(f"box mAP50-95: evaluate {ours['box']['mAP50-95']:.4f}, fit validate "
+                  f"{ours.pop('box_fit_validate')['mAP50-95']:.4f}", flush=True)
         ok = all(abs(diff[k][q]) <= args.tol for k in kinds for q in ("mAP50", "mAP50-95"))
         rows.append({"weights": str(weights), "task": task, "data": str(data_arg), "ours": ours, "reference": ref,
                      "diff": diff, "pass": ok, "seconds": round(time.perf_counter() - t0, 1)})

@@ -460,9 +460,9 @@ class ValBatch(NamedTuple):
     """One rectangular validation batch and what maps predictions back to original pixels.
 
     Attributes:
-      images: uint8[B, 3, H, W] (the batch's rect shape); page-locked batches (``pin_memory``) are the
-        NCHW view of an NHWC buffer (channels-last strides, what a GPU forward wants; the readers
-        letterbox into it): ``.contiguous()`` gives a dense NCHW copy.
+      images: uint8[B, 3, H, W] (the batch's rect shape) with channels-last strides (an NHWC
+        buffer viewed as NCHW: what a GPU forward wants; page-locked batches are the buffer the
+        readers letterbox into): ``.contiguous()`` gives a dense NCHW copy.
       targets: :class:`Targets` in letterboxed pixels (boxes, classes, keypoints; no masks).
       image_ids: int64[B].
       file_names: B strings.

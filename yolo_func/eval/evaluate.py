@@ -164,11 +164,13 @@ def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
 
 def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A val batch's uint8 images on ``device``: channels-last on a GPU (as the fit's validation and
-    training run, and as a pinned :class:`ValBatch` already is), dense NCHW elsewhere."""
+    training run, and as a pinned :class:`ValBatch` already is); elsewhere as the loader made them
+    (its stacked batches are channels-last too), as the fit's validation takes them, so that both
+    give the same numbers."""
     x = images.to(device, non_blocking=True)
     if device.type == "cuda":
         return x.contiguous(memory_format=torch.channels_last)
-    return x.contiguous()
+    return x
 
 
 def _letterboxes(batch) -> list[Letterbox]:

@@ -46,7 +46,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import cv2
 import numpy as np
 import torch
 
@@ -56,6 +55,7 @@ from yolo_func.data import CocoDataset, TrainLoader, ValLoader, YoloDataset, bui
 from yolo_func.data.augment import AugmentConfig as LoaderAugment
 from yolo_func.data.loader import ValBatch, val_boxes_to_original
 from yolo_func.eval.coco_eval import CocoEvaluator, category_groups, load_coco
+from yolo_func.eval.gt_masks import val_gt_masks
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
 from yolo_func.eval.postprocess import Letterbox, clip_detections, postprocess, postprocess_with_coco, scale_to_original
 from yolo_func.func import autocast_dtype, eval_autocast_dtype
@@ -346,27 +346,11 @@ def build_model(config: Config, gen: torch.Generator, *, log: Callable[[str], No
 # ------------------------------------------------------------------------------------------ validate
 
 
-def _gt_masks(mask: np.ndarray, gain: tuple[float, float], pad: tuple[float, float], shape: tuple[int, int]) -> torch.Tensor:
-    """Original-image instance masks uint8[N, h0, w0] -> bool[N, H/4, W/4] in the letterboxed input
-    (bilinear, > 0.5: the reference's GT masks at a quarter of the input)."""
-    gx, gy = gain
-    px, py = pad
-    h, w = shape[0] // 4, shape[1] // 4
-    matrix = np.array([[gx / 4, 0, px / 4], [0, gy / 4, py / 4]], np.float64)
-    out = [cv2.warpAffine(m.astype(np.float32), matrix, (w, h), flags=cv2.INTER_LINEAR) > 0.5 for m in mask]
-    return torch.from_numpy(np.stack(out)) if out else torch.zeros(0, h, w, dtype=torch.bool)
-
-
-@torch.no_grad()
-def _dataset_masks(dataset: Any, index: int, orig_shape: tuple[int, int]) -> np.ndarray:
-    """The instance masks uint8[N, h0, w0] of one validation image, without decoding the image when
-    the dataset keeps its segmentations (a CocoDataset: rasterised straight from the annotations)."""
-    segmentations = getattr(dataset, "segmentations", None)
-    if callable(segmentations) and hasattr(dataset, "sample_with_mask_crops"):
-        from yolo_func.data.coco import segmentations_to_masks
-
-        return segmentations_to_masks(segmentations(index), *orig_shape)
-    return dataset[index].masks
+def _val_gt_masks(dataset: Any, index: int, orig_shape: tuple[int, int], gain: tuple[float, float],
+                  pad: tuple[float, float], shape: tuple[int, int]) -> torch.Tensor:
+    """One validation image's ground-truth masks ``bool[N, H/4, W/4]`` (the reference's overlap form:
+    :func:`yolo_func.eval.gt_masks.val_gt_masks`); a seam the fit's tests count calls through."""
+    return val_gt_masks(dataset, index, orig_shape=orig_shape, gain=gain, pad=pad, shape=shape)
 
 
 def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
@@ -379,7 +363,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
     ``val.conf`` / ``val.iou`` / ``val.max_det``; masks at the prototype resolution) -> boxes and
     keypoints back to original pixels (:func:`scale_to_original`; the ground truth through
     :func:`yolo_func.data.loader.val_boxes_to_original`) -> :class:`MetricAccumulator` (masks
-    compared at a quarter of the letterboxed input, as the reference does).
+    compared at a quarter of the letterboxed input against the reference's overlap-form ground
+    truth, :func:`yolo_func.eval.gt_masks.val_gt_masks`).
 
     With ``coco``, each image's detections in original pixels also go to ``coco.process`` (COCO
     result records; the metric is unchanged): the same detections the metric scores for detect and
@@ -463,8 +448,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
                 key = (int(vb.image_ids[b]), tuple(vb.images.shape[-2:]), (gx, gy), pad)
                 gm = gt_cache.get(key) if gt_cache is not None else None
                 if gm is None:  # rasterised once per image and letterbox, kept across the fit's validations
-                    gm = _gt_masks(_dataset_masks(dataset, index_of[int(vb.image_ids[b])], orig), (gx, gy), pad,
-                                   tuple(vb.images.shape[-2:]))
+                    gm = _val_gt_masks(dataset, index_of[int(vb.image_ids[b])], orig, (gx, gy), pad,
+                                       tuple(vb.images.shape[-2:]))
                     if gt_cache is not None:
                         gt_cache[key] = gm
             gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
