@@ -10,6 +10,7 @@ Variants (best of ``--runs`` each, images/s):
   behind reader threads that run Python between their decodes);
 - ``workers=<n>``: fewer or more reader threads;
 - ``processes``: the readers as DataLoader worker processes (no GIL shared; a fork per worker);
+- ``backend=<b>``: ``evaluate(loader_backend=b)`` (``threads`` / ``processes`` / ``auto``, the default);
 - ``preloaded``: the batches built beforehand (no reading at all): the ceiling of the main thread
   and the GPU;
 - ``replay``: ``evaluate(replay=True)`` (forward + decode + NMS replayed as CUDA graphs).
@@ -74,6 +75,8 @@ def main() -> None:
             sys.setswitchinterval(float(val))
         elif name == "workers":
             kw["workers"] = int(val)
+        elif name == "backend":
+            kw["loader_backend"] = val
         elif name == "processes":
             loader_cls = lambda *a, **k: real_loader(*a, **{**k, "backend": "processes"})  # noqa: E731
         elif name == "preloaded":

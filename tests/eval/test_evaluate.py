@@ -409,3 +409,24 @@ def test_threaded_validation_paths_give_the_inline_metrics(coco_tiny, monkeypatc
     assert producers[0] is False and any(producers[1:]), producers
     assert 0.05 < inline["internal"]["box"]["mAP50-95"] < 0.95
     assert json.dumps(threaded, sort_keys=True) == json.dumps(inline, sort_keys=True)
+
+
+def test_loader_backends_give_the_same_metrics_and_auto_picks_by_device_and_length(coco_tiny, monkeypatch):
+    from yolo_func.data import loader as loader_mod
+
+    backends: list[str] = []
+    real_loader = loader_mod.ValLoader
+    monkeypatch.setattr(loader_mod, "ValLoader", lambda *a, **k: backends.append(k["backend"]) or real_loader(*a, **k))
+
+    def run(**kw):
+        model = GroundTruthModel(coco_tiny, task="detect", num_classes=len(coco_tiny.names))
+        return evaluate(model, {}, {}, coco_tiny, image_size=IMAGE_SIZE, batch_size=BATCH, device="cpu", iou=1.0,
+                        progress=False, verbose=False, coco=False, **kw)
+
+    threads = run(workers=2, loader_backend="threads")
+    processes = run(workers=2, loader_backend="processes")
+    assert processes == threads and backends == ["threads", "processes"]
+    run(workers=2)  # auto on the CPU: threads (worker processes only beside a GPU, for long validations)
+    assert backends[-1] == "threads"
+    with pytest.raises(ValueError, match="loader_backend must be"):
+        run(workers=2, loader_backend="fork")

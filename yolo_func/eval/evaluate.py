@@ -162,6 +162,9 @@ def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
     return gt, [c["id"] for c in gt["categories"]]
 
 
+PROCESS_LOADER_MIN_BATCHES = 16  # evaluate(loader_backend="auto"): worker processes from this many val batches on a GPU
+
+
 def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A val batch's uint8 images on ``device``: channels-last on a GPU (as the fit's validation and
     training run, and as a pinned :class:`ValBatch` already is); elsewhere as the loader made them
@@ -429,6 +432,7 @@ def evaluate_with_records(
     coco: bool = True,
     coco_workers: int | None = None,
     precision: str = "auto",
+    loader_backend: str = "auto",
 ) -> tuple[dict, list[dict]]:
     """:func:`evaluate`, also returning the COCO result records (the dataset's image and category ids).
 
@@ -467,8 +471,14 @@ def evaluate_with_records(
     # never more loader processes than cores (torch warns, and they would only contend)
     workers = max(0, min(int(workers), os.cpu_count() or 1))
     # batches built ahead on a thread beside a GPU; on the CPU the forward's threads use every core
+    if loader_backend not in ("auto", "threads", "processes"):
+        raise ValueError(f"[yolo_func] evaluate: loader_backend must be 'auto', 'threads' or 'processes', got {loader_backend!r}")
+    if loader_backend == "auto":
+        batches = -(-len(dataset) // max(int(batch_size), 1))
+        loader_backend = "processes" if dev.type == "cuda" and workers > 0 and batches >= PROCESS_LOADER_MIN_BATCHES \
+            else "threads"
     loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task,
-                       producer=dev.type != "cpu")
+                       producer=dev.type != "cpu", backend=loader_backend)
     amp = _autocast_dtype(precision, dev)
     from yolo_func.func import autocast
     from yolo_func.eval.postprocess import scale_to_original
@@ -551,6 +561,7 @@ def evaluate(
     coco: bool = True,
     coco_workers: int | None = None,
     precision: str = "auto",
+    loader_backend: str = "auto",
 ) -> dict:
     """Validate ``model`` on ``dataset`` (REFERENCE.md §3.1): pycocotools numbers and the internal metric.
 
@@ -568,7 +579,7 @@ def evaluate(
       class_map: dataset class index of each model class (default: class i -> dataset class i, then
         the model and the dataset must have the same number of classes).
       kpt_shape: (P, D) of a pose model (default: the dataset's, else from the head's channels).
-      workers: loader worker processes (0: load in this process; at most the number of cores).
+      workers: parallel image readers (0: load in this process; at most the number of cores).
       progress: show a tqdm progress bar on stderr.
       verbose: print the pycocotools table.
       replay: on CUDA, replay forward + decode + NMS as CUDA graphs (:class:`ValReplay`; detect and
@@ -584,6 +595,13 @@ def evaluate(
       precision: the network's autocast: ``"auto"`` (FP16 on CUDA, float32 on the CPU; see
         :func:`yolo_func.func.eval_autocast_dtype` for why not BF16), ``"bf16"``, ``"fp16"`` (the
         reference's validation during training) or ``"fp32"``; decode and NMS run in float32 either way.
+      loader_backend: how the ``workers`` read (:class:`~yolo_func.data.ValLoader`'s ``backend``):
+        ``"threads"``, ``"processes"`` or ``"auto"`` (default): worker processes on a GPU when there
+        are at least :data:`PROCESS_LOADER_MIN_BATCHES` batches, else threads. Reader threads share
+        the GIL with this thread's thousands of short kernel launches per batch and slow both
+        (2048 images on an H100: 723 images/s with 8 threads, 958 with 8 processes, 1963 with the
+        batches read beforehand; ``benchmarks/diag_eval_host.py``); a process costs a fork, which a
+        short validation cannot amortise. The same batches and numbers either way.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
@@ -613,5 +631,5 @@ def evaluate(
         model, params, state, dataset, image_size=image_size, batch_size=batch_size, device=device, conf=conf,
         iou=iou, max_det=max_det, class_map=class_map, kpt_shape=kpt_shape, workers=workers, progress=progress,
         verbose=verbose, replay=replay, max_captures=max_captures, coco=coco, coco_workers=coco_workers,
-        precision=precision,
+        precision=precision, loader_backend=loader_backend,
     )[0]
