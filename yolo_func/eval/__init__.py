@@ -5,11 +5,12 @@ Public names: :func:`postprocess` / :func:`postprocess_static` (raw inference ->
 :func:`clip_detections`,
 the :mod:`~yolo_func.eval.coco_eval` module (COCO results JSON, pycocotools evaluation, the
 accumulating evaluator), :mod:`~yolo_func.eval.metrics` (the reference's per-epoch metric) and
-:mod:`~yolo_func.eval.draw` (pictures); :func:`evaluate` (batched validation of a model on a
+:mod:`~yolo_func.eval.draw` (pictures), :mod:`~yolo_func.eval.gt_masks` (the ground-truth masks a
+segmentation validation scores against); :func:`evaluate` (batched validation of a model on a
 dataset) and :func:`predict` (detections for image files).
 """
 
-from yolo_func.eval import coco_eval, draw, masks, metrics, nms
+from yolo_func.eval import coco_eval, draw, gt_masks, masks, metrics, nms
 from yolo_func.eval.coco_eval import CocoEvaluator
 from yolo_func.eval.evaluate import evaluate
 from yolo_func.eval.metrics import fitness
@@ -37,6 +38,7 @@ __all__ = [
     "coco_eval",
     "CocoEvaluator",
     "metrics",
+    "gt_masks",
     "fitness",
     "masks",
     "nms",

@@ -162,7 +162,11 @@ def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
     return gt, [c["id"] for c in gt["categories"]]
 
 
-PROCESS_LOADER_MIN_BATCHES = 16  # evaluate(loader_backend="auto"): worker processes from this many val batches on a GPU
+# evaluate(loader_backend="auto"): worker processes from this many val batches on a GPU. Measured on
+# one H100 (batch 32, 8 readers): 16 batches threads 1036 vs processes 767 images/s (the forks do not
+# pay off), 64 batches 1014-1030 vs 1101-1134 (one host) and 723 vs 958 (another); the fitted
+# crossover is ~40 batches (benchmarks/results/diag_eval_host_detect_*_20261206T06*.log).
+PROCESS_LOADER_MIN_BATCHES = 48
 
 
 def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -597,11 +601,12 @@ def evaluate(
         reference's validation during training) or ``"fp32"``; decode and NMS run in float32 either way.
       loader_backend: how the ``workers`` read (:class:`~yolo_func.data.ValLoader`'s ``backend``):
         ``"threads"``, ``"processes"`` or ``"auto"`` (default): worker processes on a GPU when there
-        are at least :data:`PROCESS_LOADER_MIN_BATCHES` batches, else threads. Reader threads share
-        the GIL with this thread's thousands of short kernel launches per batch and slow both
-        (2048 images on an H100: 723 images/s with 8 threads, 958 with 8 processes, 1963 with the
-        batches read beforehand; ``benchmarks/diag_eval_host.py``); a process costs a fork, which a
-        short validation cannot amortise. The same batches and numbers either way.
+        are at least :data:`PROCESS_LOADER_MIN_BATCHES` (48) batches, else threads. Reader threads
+        share the GIL with this thread's thousands of short kernel launches per batch and slow both
+        (2048 images on an H100: 723-1030 images/s with 8 threads, 958-1134 with 8 processes, 1963
+        with the batches read beforehand; ``benchmarks/diag_eval_host.py``); a process costs a
+        fork, which a short validation cannot amortise (512 images: 1036 with threads, 767 with
+        processes). The same batches and numbers either way.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
