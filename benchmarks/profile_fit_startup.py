@@ -118,7 +118,7 @@ def main() -> None:
         timed_capture(name)
     timed(R, "capture_head", "capture")
     # inside each validation: the network, the two postprocess calls, the host copies, COCO records
-    for name in ("postprocess", "_dets_to_host", "_val_gt_masks", "scale_to_original"):
+    for name in ("postprocess", "_dets_to_host", "val_gt_masks", "scale_to_original"):
         timed(F, name, "val_part")
     timed(F.CocoEvaluator, "process", "val_part")
     timed(F.MetricAccumulator, "process", "val_part")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -37,18 +36,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
+    from val_gt_masks import builtin_segment_as_yolo
 
-    from yolo_func.data import YoloDataset, builtin_dataset
     from yolo_func.data.augment import AugmentConfig, annotated_from_sample, augment, load_resized, overlap_map
-    from yolo_func.data.yolo import write_yolo_dataset
 
-    work = Path(tempfile.mkdtemp(prefix="yolo_func_trainmasks_"))
-    coco = builtin_dataset("segment", "val", root=work / "b", num_images=args.images)
-    yaml_path = write_yolo_dataset({"train": coco, "val": coco}, work / "yolo")
-    ds = YoloDataset(yaml_path, "val", task="segment")
-    data = check_det_dataset(str(yaml_path))
-    names = [Path(f).name for f in ds.file_names]
+    ds, data, names = builtin_segment_as_yolo(args.images, "yolo_func_trainmasks_")
     rows = {}
     for size in args.imgsz:
         ref = build_yolo_dataset(get_cfg(overrides=dict(task="segment", imgsz=size, **ZERO)), data["val"], 4, data,

@@ -29,6 +29,21 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from _fit_common import host_meta, utc_stamp  # noqa: E402
 
 
+def builtin_segment_as_yolo(images: int, prefix: str) -> tuple:
+    """``images`` built-in segmentation val images written in the Ultralytics format (a temp folder):
+    ``(our YoloDataset of them, the reference's parsed data dict, file name of each of our images)``."""
+    from ultralytics.data.utils import check_det_dataset
+
+    from yolo_func.data import YoloDataset, builtin_dataset
+    from yolo_func.data.yolo import write_yolo_dataset
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    coco = builtin_dataset("segment", "val", root=work / "b", num_images=images)
+    yaml_path = write_yolo_dataset({"train": coco, "val": coco}, work / "yolo")
+    ds = YoloDataset(yaml_path, "val", task="segment")
+    return ds, check_det_dataset(str(yaml_path)), [Path(f).name for f in ds.file_names]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--images", type=int, default=64)
@@ -37,21 +52,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
 
-    from yolo_func.data import YoloDataset, builtin_dataset
     from yolo_func.data.augment import RoiMasks, letterbox_params
-    from yolo_func.data.yolo import write_yolo_dataset
     from yolo_func.eval.gt_masks import letterboxed_polygon_masks, overlap_split, val_gt_masks
 
-    work = Path(tempfile.mkdtemp(prefix="yolo_func_gtmasks_"))
-    coco = builtin_dataset("segment", "val", root=work / "b", num_images=args.images)
-    yaml_path = write_yolo_dataset({"train": coco, "val": coco}, work / "yolo")
-    ds = YoloDataset(yaml_path, "val", task="segment")
-    data = check_det_dataset(str(yaml_path))
+    ds, data, names = builtin_segment_as_yolo(args.images, "yolo_func_gtmasks_")
     ref = build_yolo_dataset(get_cfg(overrides={"task": "segment", "imgsz": args.imgsz}), data["val"], 4, data,
                              mode="val", rect=True, stride=32)
-    names = [Path(f).name for f in ds.file_names]
     rules = {"val_gt_masks": [], "polygons, no overlap form": [], "before (dense warp, no overlap form)": []}
 
     def best(ours, a):

@@ -92,6 +92,7 @@ def our_metrics(w, data: Path, args, kinds) -> dict:
     if "mask" in kinds:  # the fit's validation (the only mask metric of ours), same loader settings
         import torch
 
+        from yolo_func import tree as T
         from yolo_func.configs import build_config
         from yolo_func.data import ValLoader
         from yolo_func.train.fit import validate
@@ -101,19 +102,14 @@ def our_metrics(w, data: Path, args, kinds) -> dict:
         cfg = build_config("yolov8n-seg", flags={"imgsz": args.imgsz},
                            overrides=[f"val.conf={args.conf}", f"val.iou={args.iou}", f"val.max_det={args.max_det}"])
         loader = ValLoader(ds, batch_size=args.batch, image_size=args.imgsz, workers=args.workers)
-        dev = torch.device("cuda" if args.device not in ("cpu",) else "cpu")
+        dev = torch.device("cpu" if args.device == "cpu" else "cuda")
         amp = torch.float16 if dev.type == "cuda" else None  # as evaluate's precision="auto"
-        v = validate(w.model, _to(w.params, dev), _to(w.state, dev), loader, ds,
+        v = validate(w.model, T.tree_to(w.params, dev), T.tree_to(w.state, dev), loader, ds,
                      config=cfg, device=dev, autocast_dtype=amp, progress=False)
         out["mask"] = {q: float(v["mask"][q]) for q in ("P", "R", "mAP50", "mAP50-95")}
         out["box_fit_validate"] = {q: float(v["box"][q]) for q in ("P", "R", "mAP50", "mAP50-95")}
     return out
 
-
-def _to(tree, dev):
-    from yolo_func import tree as T
-
-    return T.tree_map(lambda x: x.to(dev), tree)
 
 
 def main(argv=None) -> int:

@@ -25,8 +25,8 @@ def test_validate_with_a_ground_truth_cache_scores_the_same_and_rasterises_once(
     model, params, state = F.build_model(F._resolve_model_config(cfg, ds), torch.Generator().manual_seed(0),
                                          log=lambda *_: None)
     calls = []
-    real = F._val_gt_masks
-    monkeypatch.setattr(F, "_val_gt_masks", lambda *a: calls.append(a[1]) or real(*a))
+    real = F.val_gt_masks
+    monkeypatch.setattr(F, "val_gt_masks", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     kw = dict(config=cfg, device=torch.device("cpu"), progress=False)
     plain = F.validate(model, params, state, loader, ds, **kw)
     assert len(calls) == 4  # once per image without a cache

@@ -556,20 +556,23 @@ class _ValBatches:
     def __getitem__(self, key: tuple[int, int]) -> tuple[ValBatch, dict[int, str]]:
         _, b = key
         H, W = (int(v) for v in self.shapes[b])
-        buffer = self.buffer(b)
-        slots = _slots(buffer, len(self.indices(b)))
+        buffer, slots = self.buffer(b)
         return self.assemble(b, [self.one(i, H, W, slot) for i, slot in zip(self.indices(b), slots)],
                              buffer), self.errors_of(b)
 
-    def buffer(self, b: int) -> torch.Tensor | None:
+    def buffer(self, b: int) -> tuple[torch.Tensor | None, list[np.ndarray | None]]:
         """A page-locked ``uint8[n, H, W, 3]`` for rect batch ``b``'s images, which the readers
         letterbox straight into (no stacking, no pinning copy: the two copies of a whole batch that
-        would otherwise run on one thread), or None when batches are not pinned here (the CPU; a
-        DataLoader pins its own). The host allocator's cache recycles it once its copy is done."""
+        would otherwise run on one thread), with its ``n`` uint8[H, W, 3] slot views; ``(None, [None]
+        * n)`` when batches are not pinned here (the CPU; a DataLoader pins its own). The host
+        allocator's cache recycles the buffer once its copy is done."""
+        n = len(self.indices(b))
         if not self.direct:
-            return None
+            return None, [None] * n
         H, W = (int(v) for v in self.shapes[b])
-        return torch.empty((len(self.indices(b)), H, W, 3), dtype=torch.uint8, pin_memory=self.pin_memory)
+        buffer = torch.empty((n, H, W, 3), dtype=torch.uint8, pin_memory=self.pin_memory)
+        arr = buffer.numpy()
+        return buffer, [arr[k] for k in range(n)]
 
     def one(self, index: int, H: int, W: int, out: np.ndarray | None = None) -> tuple | None:
         """Image ``index`` read, resized and letterboxed into (H, W) with its labels moved along;
@@ -635,14 +638,6 @@ class _ValBatches:
 
     def __len__(self) -> int:
         return len(self.shapes)
-
-
-def _slots(buffer: torch.Tensor | None, n: int) -> list[np.ndarray | None]:
-    """The ``n`` uint8[H, W, 3] numpy views of a batch buffer's images (all None without one)."""
-    if buffer is None:
-        return [None] * n
-    arr = buffer.numpy()
-    return [arr[k] for k in range(n)]
 
 
 def _pin_targets(t: Targets) -> Targets:
@@ -776,8 +771,7 @@ class ValLoader:
 
         def submit(b: int) -> None:
             H, W = (int(v) for v in vb.shapes[b])
-            buffer = vb.buffer(b)
-            slots = _slots(buffer, len(vb.indices(b)))
+            buffer, slots = vb.buffer(b)
             pending.append((b, buffer, [ex.submit(vb.one, i, H, W, slot) for i, slot in zip(vb.indices(b), slots)]))
 
         try:

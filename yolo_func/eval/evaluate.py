@@ -170,10 +170,10 @@ PROCESS_LOADER_MIN_BATCHES = 48
 
 
 def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A val batch's uint8 images on ``device``: channels-last on a GPU (as the fit's validation and
-    training run, and as a pinned :class:`ValBatch` already is); elsewhere as the loader made them
-    (its stacked batches are channels-last too), as the fit's validation takes them, so that both
-    give the same numbers."""
+    """A val batch's uint8 images on ``device``: channels-last on a GPU (as training runs, and as a
+    pinned :class:`ValBatch` already is); elsewhere as the loader made them (its stacked batches
+    are channels-last too). ``evaluate`` and the fit's validation both take them from here, so the
+    two give the same numbers."""
     x = images.to(device, non_blocking=True)
     if device.type == "cuda":
         return x.contiguous(memory_format=torch.channels_last)

@@ -42,11 +42,10 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
 from yolo_func import tree as T
@@ -55,6 +54,7 @@ from yolo_func.data import CocoDataset, TrainLoader, ValLoader, YoloDataset, bui
 from yolo_func.data.augment import AugmentConfig as LoaderAugment
 from yolo_func.data.loader import ValBatch, val_boxes_to_original
 from yolo_func.eval.coco_eval import CocoEvaluator, category_groups, load_coco
+from yolo_func.eval.evaluate import _images_to
 from yolo_func.eval.gt_masks import val_gt_masks
 from yolo_func.eval.metrics import GroundTruth, MetricAccumulator
 from yolo_func.eval.postprocess import Letterbox, clip_detections, postprocess, postprocess_with_coco, scale_to_original
@@ -346,13 +346,6 @@ def build_model(config: Config, gen: torch.Generator, *, log: Callable[[str], No
 # ------------------------------------------------------------------------------------------ validate
 
 
-def _val_gt_masks(dataset: Any, index: int, orig_shape: tuple[int, int], gain: tuple[float, float],
-                  pad: tuple[float, float], shape: tuple[int, int]) -> torch.Tensor:
-    """One validation image's ground-truth masks ``bool[N, H/4, W/4]`` (the reference's overlap form:
-    :func:`yolo_func.eval.gt_masks.val_gt_masks`); a seam the fit's tests count calls through."""
-    return val_gt_masks(dataset, index, orig_shape=orig_shape, gain=gain, pad=pad, shape=shape)
-
-
 def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset: Any, *, config: Config,
              device: torch.device, autocast_dtype: torch.dtype | None = None, progress: bool = True,
              desc: str = "val", coco: CocoEvaluator | None = None, gather: bool = False,
@@ -400,13 +393,9 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
     task = model.task
     index_of = {int(i): k for k, i in enumerate(getattr(dataset, "image_ids", range(len(dataset))))}
     kpt_shape = tuple(config.model.kpt_shape) if task == "pose" else None
-    channels_last = device.type == "cuda"
     for vb in tqdm(loader, desc=desc, leave=False, disable=not progress, dynamic_ncols=True):
         vb: ValBatch
-        x = vb.images.to(device, non_blocking=True)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        x = x.float() / 255
+        x = _images_to(vb.images, device).float() / 255  # channels-last on a GPU, as evaluate
         if autocast_dtype is not None:
             with torch.autocast(device.type, dtype=autocast_dtype):
                 inf = model.predict(params, state, x)
@@ -448,8 +437,8 @@ def validate(model: Model, params: dict, state: dict, loader: ValLoader, dataset
                 key = (int(vb.image_ids[b]), tuple(vb.images.shape[-2:]), (gx, gy), pad)
                 gm = gt_cache.get(key) if gt_cache is not None else None
                 if gm is None:  # rasterised once per image and letterbox, kept across the fit's validations
-                    gm = _val_gt_masks(dataset, index_of[int(vb.image_ids[b])], orig, (gx, gy), pad,
-                                       tuple(vb.images.shape[-2:]))
+                    gm = val_gt_masks(dataset, index_of[int(vb.image_ids[b])], orig_shape=orig, gain=(gx, gy),
+                                      pad=pad, shape=tuple(vb.images.shape[-2:]))
                     if gt_cache is not None:
                         gt_cache[key] = gm
             gts.append(GroundTruth(boxes, t.classes[b][keep], gm, kp))
