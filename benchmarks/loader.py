@@ -73,10 +73,10 @@ class Repeat:
         return self.ds[i % len(self.ds)]
 
     def __getattr__(self, name: str):
-        # forwards the dataset's optional fast paths (CocoDataset.sample_with_mask_crops) with the index wrapped
+        # forwards the dataset's optional per-index methods (mask crops, polygons) with the index wrapped
         attr = getattr(self.ds, name)
-        if name == "sample_with_mask_crops":
-            return lambda i: attr(i % len(self.ds))
+        if name in ("sample_with_mask_crops", "sample_without_masks", "polygons"):
+            return lambda i, *a: attr(i % len(self.ds), *a)
         return attr
 
 
@@ -156,10 +156,10 @@ def _time_batches(make_iter, batch: int, seconds: float, warm: int) -> dict:
             raise RuntimeError("the loader yielded no batch (dataset smaller than a batch?)")
 
 
-def bench_ours(ds, task, workers, cache, args) -> dict:
+def bench_ours(ds, task, workers, cache, args, mask_source: str = "auto") -> dict:
     t = time.perf_counter()
     loader = TrainLoader(ds, batch_size=args.batch, image_size=args.imgsz, workers=workers, cache=cache, seed=0,
-                         task=task, pin_memory=torch.cuda.is_available() and not args.no_pin)
+                         task=task, pin_memory=torch.cuda.is_available() and not args.no_pin, mask_source=mask_source)
     setup = time.perf_counter() - t
     r = _time_batches(lambda: iter(loader), args.batch, args.seconds, max(2, workers))
     return dict(setup_s=setup, skipped=len(loader.skipped), pin=torch.cuda.is_available() and not args.no_pin, **r)
@@ -236,6 +236,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--no-pin", action="store_true",
                     help="our loader without pinned memory (diagnoses the main process's pinning cost; the fit pins)")
+    ap.add_argument("--mask-source", nargs="+", default=["auto"], choices=["auto", "polygons", "bitmaps"],
+                    help="our segmentation masks' form (TrainLoader mask_source), one row each")
     ap.add_argument("--per-core", action="store_true", help="single process, OpenCV on one thread: images per CPU-second")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     args = ap.parse_args()
@@ -278,20 +280,23 @@ def main() -> None:
                     continue
                 if impl == "ref" and yaml is None:
                     yaml = yolo_copy(ds, folder, task, Path(tmp.name) / f"{data}-{task}")
-                for cache in args.cache:
-                    for workers in args.workers:
-                        row = dict(impl=impl, data=data, task=task, reader=reader if impl == "ours" else "ultralytics",
-                                   images=len(ds), workers=workers, cache=cache, batch=args.batch, imgsz=args.imgsz)
-                        try:
-                            c = cache == "ram"
-                            r = bench_ours(ds, task, workers, c, args) if impl == "ours" else bench_ref(yaml, task, workers, c, args)
-                            if args.per_core:
-                                r["images_per_cpu_s"] = 1e3 / r["main_cpu_per_image_ms"]
-                            row.update(r)
-                        except Exception as e:  # noqa: BLE001 -- one failing row must not end the run
-                            row["error"] = f"{type(e).__name__}: {e}"
-                            traceback.print_exc()
-                        emit(row)
+                sources = args.mask_source if impl == "ours" and task == "segment" else [None]
+                for cache, workers, source in [(c, w, m) for c in args.cache for w in args.workers for m in sources]:
+                    row = dict(impl=impl, data=data, task=task, reader=reader if impl == "ours" else "ultralytics",
+                               images=len(ds), workers=workers, cache=cache, batch=args.batch, imgsz=args.imgsz)
+                    if source is not None:
+                        row["mask_source"] = source
+                    try:
+                        c = cache == "ram"
+                        r = bench_ours(ds, task, workers, c, args, source or "auto") if impl == "ours" \
+                            else bench_ref(yaml, task, workers, c, args)
+                        if args.per_core:
+                            r["images_per_cpu_s"] = 1e3 / r["main_cpu_per_image_ms"]
+                        row.update(r)
+                    except Exception as e:  # noqa: BLE001 -- one failing row must not end the run
+                        row["error"] = f"{type(e).__name__}: {e}"
+                        traceback.print_exc()
+                    emit(row)
     tmp.cleanup()
 
 
@@ -306,7 +311,7 @@ def _markdown(path: Path, meta: dict, results: list, per_core: bool) -> None:
         if "images_per_s" in r:
             pc = f"{r.get('images_per_cpu_s', 0):.0f} | " if per_core else ""
             lines.append(f"| {r['impl']} | {r['data']} | {r['task']} | {r['cache']} | {r['workers']} | "
-                         f"{r['images_per_s']:.0f} | {pc}{r['setup_s']:.1f} | {r['first_batch_s']:.1f} | {r.get('reader', '')} |")
+                         f"{r['images_per_s']:.0f} | {pc}{r['setup_s']:.1f} | {r['first_batch_s']:.1f} | {r.get('reader', '')}{' masks ' + r['mask_source'] if 'mask_source' in r else ''} |")
         else:
             lines.append(f"| {r.get('impl', '')} | {r['data']} | {r['task']} | {r.get('cache', '')} | "
                          f"{r.get('workers', '')} | - | " + ("- | " if per_core else "") + f"- | - | {r['error']} |")

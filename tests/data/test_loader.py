@@ -182,7 +182,7 @@ def test_coco_mask_crop_fast_path_gives_the_same_batches(shared_data):
 
     ds = CocoDataset(shared_data / "coco-tiny" / "annotations.json", shared_data / "coco-tiny" / "images",
                      task="segment")
-    fast = TrainLoader(ds, batch_size=4, image_size=128, workers=0, seed=5)
+    fast = TrainLoader(ds, batch_size=4, image_size=128, workers=0, seed=5, mask_source="bitmaps")
     dense = TrainLoader(_DenseOnly(ds), batch_size=4, image_size=128, workers=0, seed=5)
     a, b = _epoch(fast)[:3], _epoch(dense)[:3]
     assert_trees_all_equal(a, b, strict=True)

@@ -338,6 +338,9 @@ class DataConfig:
                             "fills while the fit captures, validates and checkpoints", ge=1)
     max_boxes: Optional[int] = _opt(
         None, "pad targets to this many boxes per image; None: each batch's largest count rounded up to a power of two", ge=1)
+    mask_source: Literal["auto", "polygons", "bitmaps"] = _opt(
+        "auto", "segmentation masks through the augmentation: 'polygons' (the reference's form: resampled, transformed, "
+                "filled at the end), 'bitmaps' (the dataset's masks warped), 'auto' (polygons where the dataset has them)")
     augment: AugmentConfig = _section(AugmentConfig, "training augmentation")
 
     def __post_init__(self) -> None:

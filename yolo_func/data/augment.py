@@ -13,15 +13,21 @@ so a test can build a transform from chosen numbers and check boxes, masks and k
 each other.
 
 Records flowing through the pipeline are :class:`Annotated` (an image with its labels). Instance
-masks travel as :class:`RoiMasks`: each instance's tight crop (uint8 0/1) and its offset in the
-image. The reference keeps polygons and rasterises them at the end; we keep the dataset's bitmaps
-and warp each crop with the same matrix as the image (``cv2.warpAffine`` on the crop's region of
-interest only, so the cost follows the instances' areas, not the canvas), then recompute every
-segment box as the tight box of its warped mask pixels (the reference recomputes boxes from its
-transformed polygons: the same rule, so a box is always tight around its mask). Masks are rasterised
-into the overlap map at ``H/4`` by :func:`overlap_map` exactly as a linear ``cv2.resize`` of the
-full-size mask would (REFERENCE.md §2.6: instances sorted by descending mask area, smaller ones win
-overlaps).
+masks travel in one of two forms:
+
+* :class:`PolygonMasks` (the reference's form, used whenever the dataset has polygons: COCO and
+  YOLO-format data): each instance's polygon resampled to 1000 points, moved with every transform
+  exactly like keypoints, every segment box recomputed as the (clipped) extent of its transformed
+  polygon, and filled only at the end, at full size, with the reference's rule (vertices truncated
+  to integers, ``cv2.fillPoly``; :func:`yolo_func.data.polygons.fill_polygons`);
+* :class:`RoiMasks` (datasets with bitmaps only, e.g. the built-in data): each instance's tight
+  crop (uint8 0/1) and its offset in the image, warped with the same matrix as the image
+  (``cv2.warpAffine`` on the crop's region of interest only, so the cost follows the instances'
+  areas, not the canvas); every segment box is the tight box of its warped mask pixels.
+
+Either way the masks are rasterised into the overlap map at ``H/4`` by :func:`overlap_map` exactly
+as a linear ``cv2.resize`` of the full-size mask would (REFERENCE.md §2.6: instances sorted by
+descending mask area, smaller ones win overlaps).
 """
 
 from __future__ import annotations
@@ -35,11 +41,14 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
+from yolo_func.data.polygons import RESAMPLE_POINTS, fill_polygons, polygon_extents, resample_polygons
+
 __all__ = [
     "PAD_VALUE",
     "COCO_FLIP_INDEX",
     "AugmentConfig",
     "RoiMasks",
+    "PolygonMasks",
     "Annotated",
     "LetterboxParams",
     "AffineTransform",
@@ -194,6 +203,63 @@ class RoiMasks(NamedTuple):
         return RoiMasks(self.offsets[idx], tuple(self.crops[i] for i in idx))
 
 
+class PolygonMasks(NamedTuple):
+    """Instance masks as polygons, the reference's form (REFERENCE.md §4.6): every instance's
+    polygon resampled to the same number of points, transformed like keypoints and filled at the
+    end (:meth:`rasterise`).
+
+    Attributes:
+      points: float32[N, P, 2] (x, y) pixel coordinates (pixel-edge frame, like boxes); the rows
+        of an instance without a usable polygon are NaN (no pixels, a zero box).
+    """
+
+    points: np.ndarray
+
+    @staticmethod
+    def from_polygons(polygons: Sequence[np.ndarray], n: int = RESAMPLE_POINTS) -> PolygonMasks:
+        """N polygons (float[K_j, 2] pixel vertices) resampled to ``n`` points each."""
+        return PolygonMasks(resample_polygons(polygons, n))
+
+    def select(self, keep: np.ndarray) -> PolygonMasks:
+        """The polygons of the instances ``keep`` (bool[N] or int indices) selects."""
+        return PolygonMasks(self.points[keep])
+
+    def moved(self, sx, tx, sy, ty) -> PolygonMasks:
+        """Every point mapped by ``x * sx + tx``, ``y * sy + ty`` (scalars or float[N, 1] per instance)."""
+        p = self.points.astype(np.float64)
+        return PolygonMasks(np.stack([p[..., 0] * sx + tx, p[..., 1] * sy + ty], -1).astype(np.float32))
+
+    def boxes(self, shape: tuple[int, int]) -> np.ndarray:
+        """Each polygon's extent, clipped to the image of ``shape`` (H, W): xyxy ``float32[N, 4]``
+        (zeros for an instance without a polygon)."""
+        H, W = shape
+        valid = np.isfinite(self.points).all((1, 2))
+        out = np.concatenate(polygon_extents(np.where(valid[:, None, None], self.points, 0)), 1).reshape(-1, 4)
+        return np.clip(out, 0, np.array([W, H, W, H], np.float32)).astype(np.float32)
+
+    def rasterise(self, shape: tuple[int, int]) -> RoiMasks:
+        """Fill every polygon at full size (:func:`yolo_func.data.polygons.fill_polygons`)."""
+        return RoiMasks(*fill_polygons(self.points, shape))
+
+
+def _concat_masks(parts: Sequence) -> RoiMasks | PolygonMasks | None:
+    """The masks of several records, one after another (None unless every record has masks)."""
+    masks = [p.masks for p in parts]
+    if any(m is None for m in masks):
+        return None
+    if all(isinstance(m, PolygonMasks) for m in masks):
+        return PolygonMasks(np.concatenate([m.points for m in masks]))
+    if any(isinstance(m, PolygonMasks) for m in masks):
+        raise ValueError("[yolo_func] mosaic: records mix polygon and bitmap masks; load every record of a dataset "
+                         "the same way")
+    return RoiMasks(np.concatenate([m.offsets for m in masks]).reshape(-1, 2), tuple(c for m in masks for c in m.crops))
+
+
+def _mask_boxes(masks: RoiMasks | PolygonMasks, shape: tuple[int, int]) -> np.ndarray:
+    """Segment boxes from the masks: polygon extents (clipped) or tight boxes of the mask pixels."""
+    return masks.boxes(shape) if isinstance(masks, PolygonMasks) else masks.boxes()
+
+
 class Annotated(NamedTuple):
     """An image with its labels inside the augmentation pipeline.
 
@@ -201,14 +267,14 @@ class Annotated(NamedTuple):
       image: uint8[H, W, 3] RGB.
       boxes: float32[N, 4] xyxy pixels.
       classes: int64[N].
-      masks: :class:`RoiMasks` with N instances, or None.
+      masks: :class:`RoiMasks` or :class:`PolygonMasks` with N instances, or None.
       keypoints: float32[N, P, 3] (x, y pixels, visibility 0/1/2), or None.
     """
 
     image: np.ndarray
     boxes: np.ndarray
     classes: np.ndarray
-    masks: RoiMasks | None = None
+    masks: RoiMasks | PolygonMasks | None = None
     keypoints: np.ndarray | None = None
 
     def select(self, keep: np.ndarray) -> Annotated:
@@ -258,7 +324,7 @@ def load_resized(rec: Annotated, image_size: int) -> Annotated:
 
     Returns:
       :class:`Annotated` with the image uint8[h, w, 3], ``max(h, w) == image_size`` and labels scaled
-      (masks resized crop by crop with the same linear interpolation).
+      (bitmap masks resized crop by crop with the same linear interpolation, polygons scaled).
     """
     h0, w0 = rec.image.shape[:2]
     r = image_size / max(h0, w0)
@@ -274,7 +340,9 @@ def load_resized(rec: Annotated, image_size: int) -> Annotated:
         kpts[..., 0] *= sx
         kpts[..., 1] *= sy
     masks = None
-    if rec.masks is not None:
+    if isinstance(rec.masks, PolygonMasks):
+        masks = rec.masks.moved(sx, 0.0, sy, 0.0)  # points scale like boxes
+    elif rec.masks is not None:
         M = np.array([[sx, 0, (sx - 1) / 2], [0, sy, (sy - 1) / 2], [0, 0, 1]])  # pixel-centre resize
         masks = _warp_masks(rec.masks, M, (h, w))
     return Annotated(image, boxes, rec.classes, masks, kpts)
@@ -456,10 +524,7 @@ def mosaic(records: Sequence[Annotated], center: tuple[int, int], size: int,
         parts.append(_shift_clip(rec, x1a - x1b - rx0, y1a - y1b - ry0, (x1a - rx0, y1a - ry0, x2a - rx0, y2a - ry0)))
     boxes = np.concatenate([p.boxes for p in parts])
     classes = np.concatenate([p.classes for p in parts])
-    masks = kpts = None
-    if all(p.masks is not None for p in parts):
-        masks = RoiMasks(np.concatenate([p.masks.offsets for p in parts]).reshape(-1, 2),
-                         tuple(c for p in parts for c in p.masks.crops))
+    masks, kpts = _concat_masks(parts), None
     if all(p.keypoints is not None for p in parts):
         kpts = np.concatenate([p.keypoints for p in parts])
     out = Annotated(canvas, boxes, classes, masks, kpts)
@@ -504,7 +569,10 @@ def _shift_clip(rec: Annotated, dx: int, dy: int, region: tuple[int, int, int, i
     boxes = rec.boxes + np.array([dx, dy, dx, dy], np.float32)
     boxes = np.clip(boxes, np.array([x1, y1, x1, y1], np.float32), np.array([x2, y2, x2, y2], np.float32))
     masks = kpts = None
-    if rec.masks is not None:
+    if isinstance(rec.masks, PolygonMasks):  # shifted, then clipped to the region like the boxes
+        p = rec.masks.points + np.array([dx, dy], np.float32)
+        masks = PolygonMasks(np.clip(p, np.array([x1, y1], np.float32), np.array([x2, y2], np.float32)))
+    elif rec.masks is not None:
         offs, crops = [], []
         for c, (x0, y0) in zip(rec.masks.crops, rec.masks.offsets):
             x0, y0 = int(x0) + dx, int(y0) + dy
@@ -617,10 +685,12 @@ def _mosaic_resized(records: Sequence[Annotated], center: tuple[int, int], size:
     before = np.concatenate([p.boxes for p in parts])
     classes = np.concatenate([p.classes for p in parts])
     e = np.repeat(np.array(mats, np.float64).reshape(4, 4), counts, axis=0)  # per instance (ax, tx, ay, ty)
-    masks = kpts = None
-    if all(p.masks is not None for p in parts):
-        masks = _warp_masks(RoiMasks(np.concatenate([p.masks.offsets for p in parts]).reshape(-1, 2),
-                                     tuple(c for p in parts for c in p.masks.crops)), t.matrix, (H, W), axis=e)
+    masks, kpts = _concat_masks(parts), None
+    if isinstance(masks, PolygonMasks):  # each tile's matrix, as for its boxes
+        masks = masks.moved(e[:, :1], e[:, 1:2], e[:, 2:3], e[:, 3:4])
+        after = masks.boxes((H, W))
+    elif masks is not None:
+        masks = _warp_masks(masks, t.matrix, (H, W), axis=e)
         after = masks.boxes()
     else:
         after = np.empty_like(before)
@@ -721,8 +791,11 @@ class AffineTransform(NamedTuple):
         out[..., 2] = np.where(outside, 0.0, out[..., 2])
         return out
 
-    def apply_masks(self, masks: RoiMasks) -> RoiMasks:
-        """Warp every mask crop (linear, 0 outside) into the output; crops re-tightened."""
+    def apply_masks(self, masks: RoiMasks | PolygonMasks) -> RoiMasks | PolygonMasks:
+        """Warp every mask crop (linear, 0 outside) into the output, crops re-tightened; or map
+        every polygon point (:meth:`apply_coords`)."""
+        if isinstance(masks, PolygonMasks):
+            return PolygonMasks(self.apply_coords(masks.points))
         return _warp_masks(masks, self.matrix, self.out_shape)
 
 
@@ -967,8 +1040,9 @@ def apply_affine(rec: Annotated, t: AffineTransform, *, fast_resize: bool = True
                  out: np.ndarray | None = None) -> Annotated:
     """Apply ``t`` to the image and every label, then the box filter.
 
-    Boxes: the 4 transformed corners (min/max, clipped); with masks, each box becomes the tight box
-    of its warped mask pixels (the reference's polygon rule) and the area threshold is 0.01.
+    Boxes: the 4 transformed corners (min/max, clipped); with masks, each box becomes the extent of
+    its transformed polygon (clipped; the reference's rule) or the tight box of its warped mask
+    pixels, and the area threshold is 0.01.
     Keypoints outside the output get visibility 0.
 
     Fast path (``fast_resize``, the default): when ``t`` is axis-aligned (scale and translation
@@ -999,7 +1073,7 @@ def apply_affine(rec: Annotated, t: AffineTransform, *, fast_resize: bool = True
 def _affine_labels(rec: Annotated, t: AffineTransform, image: np.ndarray) -> Annotated:
     """``image`` (already transformed) with ``rec``'s labels moved by ``t``, then the box filter."""
     masks = t.apply_masks(rec.masks) if rec.masks is not None else None
-    boxes = masks.boxes() if masks is not None else t.apply_boxes(rec.boxes)
+    boxes = _mask_boxes(masks, t.out_shape) if masks is not None else t.apply_boxes(rec.boxes)
     kpts = t.apply_keypoints(rec.keypoints) if rec.keypoints is not None else None
     keep = box_candidates(rec.boxes, boxes, scale=t.scale, area_thr=0.01 if masks is not None else 0.1)
     return Annotated(image, boxes, rec.classes, masks, kpts).select(keep)
@@ -1109,9 +1183,12 @@ class FlipTransform(NamedTuple):
             out[..., 1] = H - out[..., 1]
         return out
 
-    def apply_masks(self, masks: RoiMasks) -> RoiMasks:
-        """Flip each crop and mirror its offset."""
+    def apply_masks(self, masks: RoiMasks | PolygonMasks) -> RoiMasks | PolygonMasks:
+        """Flip each crop and mirror its offset; or flip every polygon point (x -> W - x)."""
         H, W = self.shape
+        if isinstance(masks, PolygonMasks):
+            return masks.moved(-1.0 if self.horizontal else 1.0, W if self.horizontal else 0.0,
+                               -1.0 if self.vertical else 1.0, H if self.vertical else 0.0)
         offs = masks.offsets.copy()
         crops = []
         for i, c in enumerate(masks.crops):
@@ -1143,8 +1220,10 @@ def apply_flips(rec: Annotated, t: FlipTransform, *, inplace: bool = False) -> A
 
 
 # ---------------------------------------------------------------------------------------- rasterise
-def overlap_map(masks: RoiMasks, shape: tuple[int, int], ratio: int = 4) -> tuple[np.ndarray, np.ndarray]:
+def overlap_map(masks: RoiMasks | PolygonMasks, shape: tuple[int, int], ratio: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """The overlap-form mask of REFERENCE.md §2.6 at ``(H/ratio, W/ratio)``.
+
+    Polygons are first filled at full size (:meth:`PolygonMasks.rasterise`).
 
     Each instance mask is downsampled as ``cv2.resize(full_mask, (W/ratio, H/ratio), INTER_LINEAR)``
     would (computed on its crop, aligned to the ``ratio`` grid); instances are sorted by descending
@@ -1152,7 +1231,7 @@ def overlap_map(masks: RoiMasks, shape: tuple[int, int], ratio: int = 4) -> tupl
     running maximum so smaller instances win overlaps.
 
     Args:
-      masks: :class:`RoiMasks` of N instances in an image of ``shape``.
+      masks: :class:`RoiMasks` or :class:`PolygonMasks` of N instances in an image of ``shape``.
       shape: (H, W), multiples of ``ratio``.
       ratio: the downsampling factor (4).
 
@@ -1162,6 +1241,8 @@ def overlap_map(masks: RoiMasks, shape: tuple[int, int], ratio: int = 4) -> tupl
     """
     H, W = shape
     Hm, Wm = H // ratio, W // ratio
+    if isinstance(masks, PolygonMasks):
+        masks = masks.rasterise(shape)
     small = []
     for c, (x0, y0) in zip(masks.crops, masks.offsets):
         if c.size == 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import math
 import queue
 import threading
@@ -33,8 +34,9 @@ from torch.utils.data import DataLoader, Sampler, get_worker_info
 from yolo_func.data.augment import (
     PAD_VALUE,
     Annotated,
-    RoiMasks,
     AugmentConfig,
+    PolygonMasks,
+    RoiMasks,
     annotated_from_sample,
     augment,
     letterbox,
@@ -75,15 +77,28 @@ def _identity(x: Any) -> Any:
 class _Source:
     """Loads records by dataset index (with the RAM cache and the bad-sample rule)."""
 
-    def __init__(self, dataset: Any, task: str, image_size: int):
+    def __init__(self, dataset: Any, task: str, image_size: int, mask_source: str = "bitmaps"):
         self.dataset, self.task, self.image_size = dataset, task, image_size
         self.cache: list[Annotated | None] | None = None
         self.errors: dict[int, str] = {}
+        self.polygons = task == "segment" and _use_polygons(dataset, mask_source)
+        # YoloDataset.polygons takes the decoded image's size (its labels are normalised)
+        self._polygons_take_size = self.polygons and "size" in inspect.signature(dataset.polygons).parameters
 
     def read(self, index: int) -> Annotated:
         """Decode and resize one record; raises what the dataset raises."""
         crops_of = getattr(self.dataset, "sample_with_mask_crops", None)
-        if self.task == "segment" and crops_of is not None:  # a CocoDataset: masks cropped as decoded
+        if self.polygons:  # the reference's form: polygons, filled after augmentation
+            without = getattr(self.dataset, "sample_without_masks", None)
+            s = without(index) if without is not None else self.dataset[index]
+            rec = annotated_from_sample(s._replace(masks=None, keypoints=None))
+            polys = self.dataset.polygons(index, s.image.shape[:2]) if self._polygons_take_size \
+                else self.dataset.polygons(index)
+            if len(polys) != len(rec.boxes):
+                raise ValueError(f"[yolo_func] {s.file_name!r}: {len(polys)} polygons for {len(rec.boxes)} instances; "
+                                 "the dataset's polygons(index) must list one polygon per instance, in sample order")
+            rec = rec._replace(masks=PolygonMasks.from_polygons(polys))
+        elif self.task == "segment" and crops_of is not None:  # a CocoDataset: masks cropped as decoded
             s, crops = crops_of(index)
             rec = annotated_from_sample(s._replace(keypoints=None))
             if crops is not None:
@@ -126,6 +141,20 @@ class _Source:
         with ThreadPoolExecutor(max(1, threads)) as ex:
             recs = list(ex.map(self._try, range(n)))
         self.cache = recs
+
+
+MASK_SOURCES = ("auto", "polygons", "bitmaps")
+
+
+def _use_polygons(dataset: Any, mask_source: str) -> bool:
+    """Whether training masks travel as polygons (see :class:`TrainLoader`'s ``mask_source``)."""
+    if mask_source not in MASK_SOURCES:
+        raise ValueError(f"[yolo_func] mask_source: expected one of {MASK_SOURCES}, got {mask_source!r}")
+    has = callable(getattr(dataset, "polygons", None))
+    if mask_source == "polygons" and not has:
+        raise ValueError(f"[yolo_func] mask_source='polygons': {type(dataset).__name__} has no polygons(index) "
+                         "method (COCO and YOLO-format datasets have one); use mask_source='bitmaps' or 'auto'")
+    return mask_source == "polygons" or (mask_source == "auto" and has)
 
 
 def _report(skipped: dict[int, str], new: dict[int, str]) -> None:
@@ -306,6 +335,12 @@ class TrainLoader:
       shuffle: a new permutation per epoch (True).
       max_boxes: fixed target slots M; default bucketed per batch.
       mask_ratio: overlap-map downsampling (4).
+      mask_source: how segmentation masks travel through the augmentation: ``"polygons"`` (the
+        reference's form, REFERENCE.md §4.6: each instance's polygon from ``dataset.polygons(index)``
+        resampled to 1000 points, transformed, filled at the end with integer-truncated vertices),
+        ``"bitmaps"`` (the dataset's masks warped as crops), or ``"auto"`` (default: polygons when
+        the dataset has ``polygons``, as :class:`~yolo_func.data.CocoDataset` and
+        :class:`~yolo_func.data.YoloDataset` do; bitmaps for the built-in data).
       pin_memory: default True when CUDA is available.
       prefetch_factor: batches prefetched per worker (2).
       persistent_workers: keep the workers between epochs (True).
@@ -335,8 +370,9 @@ class TrainLoader:
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 8,
                  cache: bool | str | None = False, seed: int = 0, task: str | None = None,
                  augment: AugmentConfig | None = None, epochs: int | None = None, shuffle: bool = True,
-                 max_boxes: int | None = None, mask_ratio: int = 4, pin_memory: bool | None = None,
-                 prefetch_factor: int = 2, persistent_workers: bool = True, rank: int = 0, world_size: int = 1):
+                 max_boxes: int | None = None, mask_ratio: int = 4, mask_source: str = "auto",
+                 pin_memory: bool | None = None, prefetch_factor: int = 2, persistent_workers: bool = True,
+                 rank: int = 0, world_size: int = 1):
         if image_size % 32 or image_size <= 0:
             raise ValueError(f"[yolo_func] image_size: expected a positive multiple of 32, got {image_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -360,7 +396,7 @@ class TrainLoader:
         self.dataset, self.batch_size, self.image_size, self.seed = dataset, batch_size, image_size, seed
         self._epoch = _Epoch()
         self.skipped: dict[int, str] = {}
-        self._source = _Source(dataset, self.task, image_size)
+        self._source = _Source(dataset, self.task, image_size, mask_source)
         if _cache_on(cache):
             self._source.fill_cache(threads=max(workers, 1))
             _report(self.skipped, self._source.errors)

@@ -1,8 +1,13 @@
-"""Polygons of instances: joining multi-part polygons into one path, outlining raster masks.
+"""Polygons of instances: joining multi-part polygons into one path, outlining raster masks,
+resampling and filling them as the reference does.
 
 The Ultralytics label format holds one polygon per instance, and the reference's augmentation
 transforms polygons rather than masks; these helpers turn COCO's multi-part polygons and RLE masks
-into that single-path form (:meth:`CocoDataset.polygons`, :func:`write_yolo_dataset`).
+into that single-path form (:meth:`CocoDataset.polygons`, :func:`write_yolo_dataset`), resample
+each to a fixed number of points (:func:`resample_polygon`, :func:`resample_polygons`) and fill
+them the reference's way (:func:`fill_polygons`: vertices truncated to integers, ``cv2.fillPoly``),
+for the training masks (:class:`yolo_func.data.augment.PolygonMasks`) and the validation ground
+truth (:mod:`yolo_func.eval.gt_masks`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
-__all__ = ["merge_polygon_parts", "mask_to_polygon", "segmentation_to_polygon"]
+__all__ = ["RESAMPLE_POINTS", "merge_polygon_parts", "mask_to_polygon", "segmentation_to_polygon", "resample_polygon",
+           "resample_polygons", "polygon_extents", "fill_polygons"]
+
+RESAMPLE_POINTS = 1000  # the reference resamples every segment to this many points (REFERENCE.md §4.6)
 
 
 def merge_polygon_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -116,3 +124,95 @@ def segmentation_to_polygon(segmentation, height: int, width: int) -> np.ndarray
         return mask_to_polygon(mask_utils.decode(rle))
     parts = [np.asarray(p, np.float64).reshape(-1, 2) for p in segmentation]
     return merge_polygon_parts(parts) if parts else None
+
+
+def resample_polygon(polygon: np.ndarray, n: int = RESAMPLE_POINTS) -> np.ndarray:
+    """``n`` points evenly spaced in vertex index along the closed polygon (its first vertex
+    repeated at the end), linearly interpolated, as float32.
+
+    Args:
+      polygon: float[K, 2] (x, y) vertices, K >= 1.
+      n: points out.
+
+    Returns:
+      float32[n, 2]; the first point is ``polygon[0]`` and the last the closing vertex.
+    """
+    p = np.asarray(polygon, np.float64).reshape(-1, 2)
+    closed = np.concatenate((p, p[:1]), 0)
+    x = np.linspace(0, len(closed) - 1, n)
+    xp = np.arange(len(closed))
+    return np.stack([np.interp(x, xp, closed[:, i]) for i in range(2)], 1).astype(np.float32)
+
+
+def resample_polygons(polygons: Sequence[np.ndarray], n: int = RESAMPLE_POINTS) -> np.ndarray:
+    """Every polygon resampled to ``n`` points (:func:`resample_polygon`) in one array.
+
+    Args:
+      polygons: N float[K_j, 2] (x, y) vertex arrays; one with fewer than 3 vertices is no area.
+
+    Returns:
+      float32[N, n, 2]; the rows of a polygon with fewer than 3 vertices are NaN (no pixels, no box).
+    """
+    out = np.full((len(polygons), n, 2), np.nan, np.float32)
+    for j, p in enumerate(polygons):
+        p = np.asarray(p, np.float64).reshape(-1, 2)
+        if len(p) >= 3 and np.isfinite(p).all():
+            out[j] = resample_polygon(p, n)
+    return out
+
+
+def polygon_extents(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-polygon minimum and maximum of ``points[N, P, 2]``: ``(lo[N, 2], hi[N, 2])``.
+
+    Reduces x and y separately along the point axis: numpy's reduction over the middle axis of a
+    ``[N, P, 2]`` array runs ~50x slower (its inner loop is the length-2 axis).
+    """
+    lo = np.stack([points[..., 0].min(1), points[..., 1].min(1)], 1) if len(points) else np.zeros((0, 2), points.dtype)
+    hi = np.stack([points[..., 0].max(1), points[..., 1].max(1)], 1) if len(points) else np.zeros((0, 2), points.dtype)
+    return lo, hi
+
+
+def fill_polygons(points: np.ndarray | Sequence[np.ndarray], shape: tuple[int, int]
+                  ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Fill each polygon at full size the reference's way: vertices truncated to int32 (toward
+    zero), ``cv2.fillPoly`` (its pixel-centre rule: a vertex at an integer is that pixel's centre,
+    so the boundary pixels are in), clipped to the image; each result as a tight crop.
+
+    Args:
+      points: float[N, P, 2] or N float[K_j, 2] (x, y) pixel vertices; a polygon with a non-finite
+        vertex or fewer than 3 vertices fills nothing.
+      shape: (H, W) of the image.
+
+    Returns:
+      (offsets int64[N, 2] of each crop's top-left pixel, N crops uint8[h_j, w_j] of 0/1; an empty
+      fill is a 0x0 crop at (0, 0)): the fields of :class:`yolo_func.data.augment.RoiMasks`.
+    """
+    H, W = shape
+    n = len(points)
+    offsets = np.zeros((n, 2), np.int64)
+    empty = np.zeros((0, 0), np.uint8)
+    if isinstance(points, np.ndarray) and points.ndim == 3:  # [N, P, 2]: the checks and bounds in one pass each
+        same = points
+        valid = np.isfinite(points).all((1, 2)) & (points.shape[1] >= 3)
+        ints = np.where(valid[:, None, None], points, 0).astype(np.int32)
+    else:
+        same = [np.asarray(p).reshape(-1, 2) for p in points]
+        valid = np.array([len(p) >= 3 and bool(np.isfinite(p).all()) for p in same], bool)
+        ints = [p.astype(np.int32) if ok else np.zeros((1, 2), np.int32) for p, ok in zip(same, valid)]
+    if isinstance(ints, np.ndarray):
+        lo, hi = polygon_extents(ints)
+    else:
+        lo = np.array([p.min(0) for p in ints], np.int64).reshape(n, 2)
+        hi = np.array([p.max(0) for p in ints], np.int64).reshape(n, 2)
+    x0, y0 = np.maximum(lo[:, 0], 0), np.maximum(lo[:, 1], 0)
+    x1, y1 = np.minimum(hi[:, 0] + 1, W), np.minimum(hi[:, 1] + 1, H)
+    todo = valid & (x1 > x0) & (y1 > y0)
+    crops: list[np.ndarray] = [empty] * n
+    for j in np.flatnonzero(todo):
+        crop = np.zeros((int(y1[j] - y0[j]), int(x1[j] - x0[j])), np.uint8)
+        cv2.fillPoly(crop, [ints[j]], 1, offset=(-int(x0[j]), -int(y0[j])))
+        x, y, w, h = cv2.boundingRect(crop)  # tight (a fill can miss the bounding rows of a thin sliver)
+        if w:
+            offsets[j] = (x0[j] + x, y0[j] + y)
+            crops[j] = crop[y:y + h, x:x + w]
+    return offsets, tuple(crops)

@@ -19,33 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 
 from yolo_func.data.augment import RoiMasks, _warp_masks, overlap_map
+from yolo_func.data.polygons import RESAMPLE_POINTS, fill_polygons, resample_polygon
 
 __all__ = ["RESAMPLE_POINTS", "resample_polygon", "letterboxed_polygon_masks", "overlap_split", "val_gt_masks"]
-
-RESAMPLE_POINTS = 1000  # the reference resamples every segment to this many points
-
-
-def resample_polygon(polygon: np.ndarray, n: int = RESAMPLE_POINTS) -> np.ndarray:
-    """``n`` points evenly spaced in vertex index along the closed polygon (its first vertex
-    repeated at the end), linearly interpolated, as float32.
-
-    Args:
-      polygon: float[K, 2] (x, y) vertices, K >= 1.
-      n: points out.
-
-    Returns:
-      float32[n, 2]; the first point is ``polygon[0]`` and the last the closing vertex.
-    """
-    p = np.asarray(polygon, np.float64).reshape(-1, 2)
-    closed = np.concatenate((p, p[:1]), 0)
-    x = np.linspace(0, len(closed) - 1, n)
-    xp = np.arange(len(closed))
-    return np.stack([np.interp(x, xp, closed[:, i]) for i in range(2)], 1).astype(np.float32)
 
 
 def letterboxed_polygon_masks(polygons: Sequence[np.ndarray], gain: tuple[float, float], pad: tuple[float, float],
@@ -63,29 +43,15 @@ def letterboxed_polygon_masks(polygons: Sequence[np.ndarray], gain: tuple[float,
       :class:`~yolo_func.data.augment.RoiMasks`: each instance's filled pixels (value 1) as a tight
       crop; vertices ``x * gx + left`` truncated to int32 and filled with ``cv2.fillPoly``.
     """
-    H, W = shape
     g = np.array(gain, np.float32)
     t = np.array(pad, np.float32)
-    offsets = np.zeros((len(polygons), 2), np.int64)
-    crops: list[np.ndarray] = []
-    for i, poly in enumerate(polygons):
+    moved = []
+    for poly in polygons:
         p = np.asarray(poly, np.float32).reshape(-1, 2)
-        if len(p) < 3:
-            crops.append(np.zeros((0, 0), np.uint8))
-            continue
-        if resample:
+        if resample and len(p) >= 3:
             p = resample_polygon(p, resample)
-        pts = (p * g + t).astype(np.int32)
-        x0, y0 = (max(int(v), 0) for v in pts.min(0))
-        x1, y1 = min(int(pts[:, 0].max()) + 1, W), min(int(pts[:, 1].max()) + 1, H)
-        if x1 <= x0 or y1 <= y0:
-            crops.append(np.zeros((0, 0), np.uint8))
-            continue
-        crop = np.zeros((y1 - y0, x1 - x0), np.uint8)
-        cv2.fillPoly(crop, [pts], 1, offset=(-x0, -y0))
-        offsets[i] = (x0, y0)
-        crops.append(crop)
-    return RoiMasks(offsets, tuple(crops))
+        moved.append(p * g + t)
+    return RoiMasks(*fill_polygons(moved, shape))
 
 
 def overlap_split(masks: RoiMasks, shape: tuple[int, int], ratio: int = 4) -> torch.Tensor:

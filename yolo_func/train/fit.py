@@ -728,7 +728,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     loader = TrainLoader(train_data, batch_size=config.data.batch_size, image_size=config.data.image_size,
                          workers=workers, cache=config.data.cache, seed=config.train.seed, task=config.model.task,
                          augment=_loader_augment(config), epochs=config.train.epochs, max_boxes=config.data.max_boxes,
-                         prefetch_factor=config.data.prefetch, rank=rank, world_size=world)
+                         mask_source=config.data.mask_source, prefetch_factor=config.data.prefetch, rank=rank,
+                         world_size=world)
     # the workers load the first batches while the model state, optimizer and captures are set up
     first = position if position is not None else DataPosition(0, 0, config.train.seed)
     if first.epoch < config.train.epochs:
