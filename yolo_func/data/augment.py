@@ -15,12 +15,12 @@ each other.
 Records flowing through the pipeline are :class:`Annotated` (an image with its labels). Instance
 masks travel in one of two forms:
 
-* :class:`PolygonMasks` (the reference's form, used whenever the dataset has polygons: COCO and
-  YOLO-format data): each instance's polygon resampled to 1000 points, moved with every transform
+* :class:`PolygonMasks` (the reference's form, used whenever the dataset has ``polygons(i)``: COCO,
+  YOLO-format and the built-in data): each instance's polygon resampled to 1000 points, moved with every transform
   exactly like keypoints, every segment box recomputed as the (clipped) extent of its transformed
   polygon, and filled only at the end, at full size, with the reference's rule (vertices truncated
   to integers, ``cv2.fillPoly``; :func:`yolo_func.data.polygons.fill_polygons`);
-* :class:`RoiMasks` (datasets with bitmaps only, e.g. the built-in data): each instance's tight
+* :class:`RoiMasks` (datasets with bitmaps only, or ``mask_source="bitmaps"``): each instance's tight
   crop (uint8 0/1) and its offset in the image, warped with the same matrix as the image
   (``cv2.warpAffine`` on the crop's region of interest only, so the cost follows the instances'
   areas, not the canvas); every segment box is the tight box of its warped mask pixels.
