@@ -21,7 +21,7 @@ from yolo_func.data.augment import (
     record_rng,
 )
 from yolo_func.data.loader import _Source
-from yolo_func.data.polygons import fill_polygons, resample_polygons
+from yolo_func.data.polygons import clipped_polygon_boxes, fill_polygons, resample_polygons
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "coco-tiny"
 ZERO = dict(mosaic=0.0, translate=0.0, scale=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, fliplr=0.0)
@@ -64,6 +64,42 @@ def test_fill_crops_equal_the_full_size_fill(polys):
         np.testing.assert_array_equal(ours, full)
 
 
+def _sutherland_hodgman(poly: list, W: float, H: float) -> list:
+    """The polygon clipped to [0, W] x [0, H], one border half-plane at a time (pure Python)."""
+    inside = [lambda p: p[0] >= 0, lambda p: p[0] <= W, lambda p: p[1] >= 0, lambda p: p[1] <= H]
+    cut = [lambda a, b: (0.0, a[1] + (b[1] - a[1]) * (0 - a[0]) / (b[0] - a[0])),
+           lambda a, b: (W, a[1] + (b[1] - a[1]) * (W - a[0]) / (b[0] - a[0])),
+           lambda a, b: (a[0] + (b[0] - a[0]) * (0 - a[1]) / (b[1] - a[1]), 0.0),
+           lambda a, b: (a[0] + (b[0] - a[0]) * (H - a[1]) / (b[1] - a[1]), H)]
+    out = list(poly)
+    for ins, meet in zip(inside, cut):
+        src, out = out, []
+        for k, cur in enumerate(src):
+            prev = src[k - 1]
+            if ins(cur):
+                if not ins(prev):
+                    out.append(meet(prev, cur))
+                out.append(cur)
+            elif ins(prev):
+                out.append(meet(prev, cur))
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(polygon, min_size=1, max_size=4))
+def test_clipped_boxes_are_the_extent_of_the_part_inside(polys):
+    """Second implementation: Sutherland-Hodgman clipping to the 100 x 70 image, then the extent."""
+    pts = np.stack([resample_polygons([np.array(p, np.float64)], 60)[0] for p in polys])
+    boxes = clipped_polygon_boxes(pts, (70, 100))
+    for q, box in zip(pts.astype(np.float64), boxes):
+        clipped = _sutherland_hodgman([tuple(v) for v in q], 100.0, 70.0)
+        if not clipped:
+            np.testing.assert_array_equal(box, 0)
+            continue
+        c = np.array(clipped)
+        np.testing.assert_allclose(box, [*c.min(0), *c.max(0)], atol=1e-3)
+
+
 def test_resampled_polygons_mark_unusable_instances_nan():
     out = resample_polygons([np.array([[0, 0], [4, 0], [4, 4]]), np.zeros((0, 2)), np.array([[1, 1], [2, 2]])], 7)
     assert out.shape == (3, 7, 2) and out.dtype == np.float32
@@ -91,8 +127,9 @@ def _record(rng: np.random.Generator, size: int = 160) -> Annotated:
 @given(st.integers(0, 2**31 - 1), st.booleans(), st.booleans())
 def test_polygons_move_like_keypoints_through_the_pipeline(seed, use_mosaic, fast):
     """Invariant: every transform moves a polygon point exactly as it moves the same point held
-    as a keypoint (wherever the keypoint stays visible), and each segment box is the clipped
-    extent of its polygon."""
+    as a keypoint (wherever the keypoint stays visible), each segment box is the clipped extent of
+    its polygon, and the box is tight around the filled pixels (1 px) for a polygon inside the
+    image."""
     rng = np.random.default_rng(seed)
     recs = [_record(rng) for _ in range(4)]
     cfg = AugmentConfig(fast_resize=fast)
@@ -101,6 +138,14 @@ def test_polygons_move_like_keypoints_through_the_pipeline(seed, use_mosaic, fas
     np.testing.assert_allclose(out.masks.points[vis], out.keypoints[..., :2][vis], atol=1e-3)
     np.testing.assert_allclose(out.boxes, out.masks.boxes((128, 128)), atol=1e-4)
     assert len(out.masks.points) == len(out.boxes) == len(out.classes)
+    # each box is tight around its filled mask's pixels within 1 px (vertices truncate toward zero)
+    # for a polygon inside the image (a polygon crossing the border has the box of its part inside,
+    # checked in test_clipped_boxes_are_the_extent_of_the_part_inside)
+    pixel_boxes = out.masks.rasterise((128, 128)).boxes()
+    assert (pixel_boxes[:, 2] > pixel_boxes[:, 0]).all()  # every surviving instance fills pixels
+    p = out.masks.points
+    inside = ((p >= 0) & (p <= 128)).all((1, 2))
+    assert np.abs(pixel_boxes - out.boxes)[inside].max(initial=0) <= 1.0
 
 
 def _coco_or_skip():
@@ -229,3 +274,17 @@ def test_training_masks_match_the_references_with_augmentation_off(tmp_path, mon
                 best = max(((ours == u) & a).sum() / ((ours == u) | a).sum() for u in range(1, int(ours.max()) + 1))
                 ious.append(best)
     assert len(ious) > 30 and np.mean(ious) > 0.96
+
+
+@pytest.mark.parity
+@settings(max_examples=40, deadline=None)
+@given(st.lists(polygon, min_size=1, max_size=4))
+def test_polygon_boxes_equal_the_references_segment2box(polys):
+    """The box rule for polygons crossing the border: the reference's public ``segment2box``
+    (black box) clips the coordinates, then takes the extent; ours gives the same boxes."""
+    from ultralytics.utils.ops import segment2box
+
+    pts = np.stack([resample_polygons([np.array(p, np.float32)], 50)[0] for p in polys])
+    ours = PolygonMasks(pts).boxes((70, 100))
+    ref = np.stack([segment2box(p, 100, 70) for p in pts])
+    np.testing.assert_allclose(ours, ref, atol=1e-4)

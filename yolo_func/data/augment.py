@@ -41,7 +41,7 @@ from typing import NamedTuple
 import cv2
 import numpy as np
 
-from yolo_func.data.polygons import RESAMPLE_POINTS, fill_polygons, polygon_extents, resample_polygons
+from yolo_func.data.polygons import RESAMPLE_POINTS, clipped_polygon_boxes, fill_polygons, resample_polygons
 
 __all__ = [
     "PAD_VALUE",
@@ -230,12 +230,10 @@ class PolygonMasks(NamedTuple):
         return PolygonMasks(np.stack([p[..., 0] * sx + tx, p[..., 1] * sy + ty], -1).astype(np.float32))
 
     def boxes(self, shape: tuple[int, int]) -> np.ndarray:
-        """Each polygon's extent, clipped to the image of ``shape`` (H, W): xyxy ``float32[N, 4]``
-        (zeros for an instance without a polygon)."""
-        H, W = shape
-        valid = np.isfinite(self.points).all((1, 2))
-        out = np.concatenate(polygon_extents(np.where(valid[:, None, None], self.points, 0)), 1).reshape(-1, 4)
-        return np.clip(out, 0, np.array([W, H, W, H], np.float32)).astype(np.float32)
+        """The box of each polygon's part inside the image of ``shape`` (H, W): xyxy
+        ``float32[N, 4]``, zeros for an instance without a polygon or with nothing inside
+        (:func:`yolo_func.data.polygons.clipped_polygon_boxes`, the reference's rule)."""
+        return clipped_polygon_boxes(self.points, shape)
 
     def rasterise(self, shape: tuple[int, int]) -> RoiMasks:
         """Fill every polygon at full size (:func:`yolo_func.data.polygons.fill_polygons`)."""

@@ -19,7 +19,7 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 __all__ = ["RESAMPLE_POINTS", "merge_polygon_parts", "mask_to_polygon", "segmentation_to_polygon", "resample_polygon",
-           "resample_polygons", "polygon_extents", "fill_polygons"]
+           "resample_polygons", "polygon_extents", "clipped_polygon_boxes", "fill_polygons"]
 
 RESAMPLE_POINTS = 1000  # the reference resamples every segment to this many points (REFERENCE.md §4.6)
 
@@ -170,6 +170,71 @@ def polygon_extents(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lo = np.stack([points[..., 0].min(1), points[..., 1].min(1)], 1) if len(points) else np.zeros((0, 2), points.dtype)
     hi = np.stack([points[..., 0].max(1), points[..., 1].max(1)], 1) if len(points) else np.zeros((0, 2), points.dtype)
     return lo, hi
+
+
+def clipped_polygon_boxes(points: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """The box of each polygon's part inside the image: the extent of ``polygon ∩ [0, W] x [0, H]``
+    (the reference's box rule for a transformed segment; its public ``segment2box`` gives the same
+    boxes, a ``parity`` test checks it). Zeros where nothing of the polygon is inside.
+
+    The clipped polygon's vertices are the polygon's vertices inside the image, the crossings of
+    its edges with the image's four border lines that lie on the border, and the image corners
+    inside the polygon (even-odd rule); the box is their extent. A polygon entirely inside takes
+    its vertices' extent directly. Clamping the coordinates instead would overstate the box of a
+    polygon crossing the border (its clamped part runs along the border beyond the object).
+
+    Args:
+      points: float[N, P, 2] (x, y) pixel vertices (closed: the last connects to the first); a row
+        with a non-finite value gives zeros.
+      shape: (H, W) of the image.
+
+    Returns:
+      float32[N, 4] xyxy.
+    """
+    H, W = float(shape[0]), float(shape[1])
+    n = len(points)
+    out = np.zeros((n, 4), np.float32)
+    if n == 0:
+        return out
+    valid = np.isfinite(points).all((1, 2))
+    p = np.where(valid[:, None, None], points, 0).astype(np.float64)
+    x0, y0 = p[..., 0], p[..., 1]
+    inside = (x0 >= 0) & (x0 <= W) & (y0 >= 0) & (y0 <= H)
+    whole = valid & inside.all(1)
+    if whole.any():
+        lo, hi = polygon_extents(points[whole])
+        out[whole] = np.concatenate([lo, hi], 1)
+    todo = np.flatnonzero(valid & ~whole)
+    if len(todo) == 0:
+        return out
+    x0, y0, inside = x0[todo], y0[todo], inside[todo]
+    x1, y1 = np.roll(x0, -1, 1), np.roll(y0, -1, 1)  # each edge's end
+    xs, ys, ok = [x0], [y0], [inside]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for c, limit in ((0.0, W), (W, W)):  # vertical border lines x = c
+            t = (c - x0) / (x1 - x0)
+            yi = y0 + t * (y1 - y0)
+            xs.append(np.full_like(x0, c))
+            ys.append(yi)
+            ok.append((x1 != x0) & (t >= 0) & (t <= 1) & (yi >= 0) & (yi <= H))
+        for c in (0.0, H):  # horizontal border lines y = c
+            t = (c - y0) / (y1 - y0)
+            xi = x0 + t * (x1 - x0)
+            xs.append(xi)
+            ys.append(np.full_like(y0, c))
+            ok.append((y1 != y0) & (t >= 0) & (t <= 1) & (xi >= 0) & (xi <= W))
+        for cx, cy in ((0.0, 0.0), (W, 0.0), (0.0, H), (W, H)):  # corners inside (crossing number)
+            crosses = ((y0 > cy) != (y1 > cy)) & (cx < x0 + (cy - y0) * (x1 - x0) / (y1 - y0))
+            odd = (np.count_nonzero(crosses, 1) % 2 == 1)[:, None]
+            xs.append(np.full((len(todo), 1), cx))
+            ys.append(np.full((len(todo), 1), cy))
+            ok.append(odd)
+    X, Y, K = np.concatenate(xs, 1), np.concatenate(ys, 1), np.concatenate(ok, 1)
+    got = K.any(1)
+    box = np.stack([np.where(K, X, np.inf).min(1), np.where(K, Y, np.inf).min(1),
+                    np.where(K, X, -np.inf).max(1), np.where(K, Y, -np.inf).max(1)], 1)
+    out[todo] = np.where(got[:, None], np.clip(box, 0, [W, H, W, H]), 0).astype(np.float32)
+    return out
 
 
 def fill_polygons(points: np.ndarray | Sequence[np.ndarray], shape: tuple[int, int]
