@@ -208,32 +208,44 @@ def clipped_polygon_boxes(points: np.ndarray, shape: tuple[int, int]) -> np.ndar
     if len(todo) == 0:
         return out
     x0, y0, inside = x0[todo], y0[todo], inside[todo]
+    m = len(todo)
+    # the vertices inside
+    lo_x, lo_y = np.where(inside, x0, np.inf).min(1), np.where(inside, y0, np.inf).min(1)
+    hi_x, hi_y = np.where(inside, x0, -np.inf).max(1), np.where(inside, y0, -np.inf).max(1)
     x1, y1 = np.roll(x0, -1, 1), np.roll(y0, -1, 1)  # each edge's end
-    xs, ys, ok = [x0], [y0], [inside]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for c, limit in ((0.0, W), (W, W)):  # vertical border lines x = c
-            t = (c - x0) / (x1 - x0)
-            yi = y0 + t * (y1 - y0)
-            xs.append(np.full_like(x0, c))
-            ys.append(yi)
-            ok.append((x1 != x0) & (t >= 0) & (t <= 1) & (yi >= 0) & (yi <= H))
-        for c in (0.0, H):  # horizontal border lines y = c
-            t = (c - y0) / (y1 - y0)
-            xi = x0 + t * (x1 - x0)
-            xs.append(xi)
-            ys.append(np.full_like(y0, c))
-            ok.append((y1 != y0) & (t >= 0) & (t <= 1) & (xi >= 0) & (xi <= W))
-        for cx, cy in ((0.0, 0.0), (W, 0.0), (0.0, H), (W, H)):  # corners inside (crossing number)
-            crosses = ((y0 > cy) != (y1 > cy)) & (cx < x0 + (cy - y0) * (x1 - x0) / (y1 - y0))
-            odd = (np.count_nonzero(crosses, 1) % 2 == 1)[:, None]
-            xs.append(np.full((len(todo), 1), cx))
-            ys.append(np.full((len(todo), 1), cy))
-            ok.append(odd)
-    X, Y, K = np.concatenate(xs, 1), np.concatenate(ys, 1), np.concatenate(ok, 1)
-    got = K.any(1)
-    box = np.stack([np.where(K, X, np.inf).min(1), np.where(K, Y, np.inf).min(1),
-                    np.where(K, X, -np.inf).max(1), np.where(K, Y, -np.inf).max(1)], 1)
-    out[todo] = np.where(got[:, None], np.clip(box, 0, [W, H, W, H]), 0).astype(np.float32)
+    # the crossings of the edges that straddle a border line (few per polygon: found first, then solved)
+    zero = 0.0
+    for c, vertical in ((zero, True), (W, True), (zero, False), (H, False)):
+        a0, a1, b0, b1, span = (x0, x1, y0, y1, H) if vertical else (y0, y1, x0, x1, W)
+        row, col = np.nonzero(((a0 - c) * (a1 - c) <= 0) & (a1 != a0))
+        if len(row) == 0:
+            continue
+        e0, e1 = a0[row, col], a1[row, col]
+        cross = b0[row, col] + (c - e0) / (e1 - e0) * (b1[row, col] - b0[row, col])
+        keep = (cross >= 0) & (cross <= span)
+        row, cross = row[keep], cross[keep]
+        xs, ys = (np.full_like(cross, c), cross) if vertical else (cross, np.full_like(cross, c))
+        np.minimum.at(lo_x, row, xs)
+        np.minimum.at(lo_y, row, ys)
+        np.maximum.at(hi_x, row, xs)
+        np.maximum.at(hi_y, row, ys)
+    # the image corners inside the polygon (even-odd crossing number), for polygons around a corner
+    ext_lo_x, ext_hi_x = x0.min(1), x0.max(1)
+    ext_lo_y, ext_hi_y = y0.min(1), y0.max(1)
+    for cx, cy in ((zero, zero), (W, zero), (zero, H), (W, H)):
+        rows = np.flatnonzero((ext_lo_x <= cx) & (ext_hi_x >= cx) & (ext_lo_y <= cy) & (ext_hi_y >= cy))
+        if len(rows) == 0:
+            continue
+        a0, a1, b0, b1 = x0[rows], x1[rows], y0[rows], y1[rows]
+        straddle = (b0 > cy) != (b1 > cy)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            crosses = straddle & (cx < a0 + (cy - b0) * (a1 - a0) / (b1 - b0))
+        hit = rows[np.count_nonzero(crosses, 1) % 2 == 1]
+        lo_x[hit], lo_y[hit] = np.minimum(lo_x[hit], cx), np.minimum(lo_y[hit], cy)
+        hi_x[hit], hi_y[hit] = np.maximum(hi_x[hit], cx), np.maximum(hi_y[hit], cy)
+    got = np.isfinite(lo_x)
+    box = np.clip(np.stack([lo_x, lo_y, hi_x, hi_y], 1), 0, [W, H, W, H])
+    out[todo] = np.where(got[:, None], box, 0).astype(np.float32)
     return out
 
 
