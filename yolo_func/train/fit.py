@@ -67,6 +67,7 @@ from yolo_func.train import distributed as D
 from yolo_func.train.compiled import compile_times_event
 from yolo_func.train.checkpoint import DataPosition, capture_rng, read_training_checkpoint, restore_rng
 from yolo_func.train.cuda_warm import start_cuda_warmup
+from yolo_func.train.host_memory import keep_freed_host_memory
 from yolo_func.train.metrics import MetricsReader
 from yolo_func.train.optimizer import YoloOptimizer, yolo_sgd
 from yolo_func.train.replay import ReplayTrainStep
@@ -710,6 +711,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         train_data, val_data = load_datasets(config, builtin_root=builtin_root)
     config = _resolve_model_config(config, train_data)
     device = ctx.device if ctx is not None else resolve_device(config.train.device)
+    if device.type == "cpu":  # the functional step's fresh allocations reuse freed pages (host_memory.py)
+        keep_freed_host_memory()
     gen = torch.Generator().manual_seed(config.train.seed)
     # a resumed run takes its weights from last.pt (model.weights only shapes the start of a run)
     start = config if position is None else dataclasses.replace(config, model=dataclasses.replace(config.model, weights=None))
