@@ -210,6 +210,9 @@ def test_bad_mask_source_is_refused_with_the_fix():
     built = _BitmapsOnly(builtin_dataset("segment", "train", num_images=2))
     with pytest.raises(ValueError, match="mask_source: expected one of"):
         TrainLoader(built, batch_size=2, image_size=64, workers=0, mask_source="rle")
+    with pytest.raises(ValueError, match="mask_source: expected one of"):  # whatever the task
+        TrainLoader(builtin_dataset("detect", "train", num_images=2), batch_size=2, image_size=64, workers=0,
+                    mask_source="rle")
     with pytest.raises(ValueError, match="has no polygons.*mask_source='bitmaps'"):
         TrainLoader(built, batch_size=2, image_size=64, workers=0, mask_source="polygons")
 

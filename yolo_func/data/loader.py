@@ -81,6 +81,8 @@ class _Source:
         self.dataset, self.task, self.image_size = dataset, task, image_size
         self.cache: list[Annotated | None] | None = None
         self.errors: dict[int, str] = {}
+        if mask_source not in MASK_SOURCES:  # checked for every task: a typo should not wait for a segment run
+            raise ValueError(f"[yolo_func] mask_source: expected one of {MASK_SOURCES}, got {mask_source!r}")
         self.polygons = task == "segment" and _use_polygons(dataset, mask_source)
         # YoloDataset.polygons takes the decoded image's size (its labels are normalised)
         self._polygons_take_size = self.polygons and "size" in inspect.signature(dataset.polygons).parameters
@@ -148,8 +150,6 @@ MASK_SOURCES = ("auto", "polygons", "bitmaps")
 
 def _use_polygons(dataset: Any, mask_source: str) -> bool:
     """Whether training masks travel as polygons (see :class:`TrainLoader`'s ``mask_source``)."""
-    if mask_source not in MASK_SOURCES:
-        raise ValueError(f"[yolo_func] mask_source: expected one of {MASK_SOURCES}, got {mask_source!r}")
     has = callable(getattr(dataset, "polygons", None))
     if mask_source == "polygons" and not has:
         raise ValueError(f"[yolo_func] mask_source='polygons': {type(dataset).__name__} has no polygons(index) "
