@@ -58,3 +58,26 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared test data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def builtin_segment_yolo(tmp_path, monkeypatch):
+    """A factory ``make(num_images) -> (ds, data, names)`` for the reference-parity tests of masks:
+    built-in segmentation val images written in the Ultralytics format, our ``YoloDataset`` of
+    them, the reference's parsed data dict (its public ``check_det_dataset``; offline, a private
+    settings folder) and each of our images' file name, to pair its dataset's items with ours."""
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path / "cfg"))
+
+    def make(num_images: int):
+        from ultralytics.data.utils import check_det_dataset
+
+        from yolo_func.data import YoloDataset, builtin_dataset
+        from yolo_func.data.yolo import write_yolo_dataset
+
+        coco = builtin_dataset("segment", "val", root=tmp_path / "b", num_images=num_images)
+        yaml_path = write_yolo_dataset({"train": coco, "val": coco}, tmp_path / "yolo")
+        ds = YoloDataset(yaml_path, "val", task="segment")
+        return ds, check_det_dataset(str(yaml_path)), [Path(f).name for f in ds.file_names]
+
+    return make

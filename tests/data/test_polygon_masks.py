@@ -23,7 +23,6 @@ from yolo_func.data.augment import (
 from yolo_func.data.loader import _Source
 from yolo_func.data.polygons import clipped_polygon_boxes, fill_polygons, resample_polygons
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "coco-tiny"
 ZERO = dict(mosaic=0.0, translate=0.0, scale=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, fliplr=0.0)
 
 polygon = st.integers(3, 10).flatmap(lambda k: st.lists(st.tuples(st.floats(-20, 120), st.floats(-20, 90)),
@@ -148,18 +147,19 @@ def test_polygons_move_like_keypoints_through_the_pipeline(seed, use_mosaic, fas
     assert np.abs(pixel_boxes - out.boxes)[inside].max(initial=0) <= 1.0
 
 
-def _coco_or_skip():
-    if not (SHARED / "annotations.json").exists():
-        pytest.skip("../shared/data/coco-tiny is absent")
+@pytest.fixture
+def coco_tiny(shared_data):
+    """``coco-tiny`` read for segmentation (skips when ``../shared/data`` is absent)."""
     from yolo_func.data import CocoDataset
 
-    return CocoDataset(SHARED / "annotations.json", SHARED / "images", task="segment")
+    return CocoDataset(shared_data / "coco-tiny" / "annotations.json", shared_data / "coco-tiny" / "images",
+                       task="segment")
 
 
-def test_polygon_and_bitmap_masks_agree_on_real_data():
+def test_polygon_and_bitmap_masks_agree_on_real_data(coco_tiny):
     """Two forms of the same instances (COCO polygons vs the decoded masks) give nearly the same
     training masks; the polygon fill is the slightly larger (boundary pixels in)."""
-    ds = _coco_or_skip()
+    ds = coco_tiny
     ious, ratios = [], []
     for i in range(8):
         maps = []
@@ -178,8 +178,8 @@ def test_polygon_and_bitmap_masks_agree_on_real_data():
     assert np.mean(ious) > 0.85 and 1.0 <= np.median(ratios) < 1.3
 
 
-def test_auto_mask_source_uses_polygons_when_the_dataset_has_them():
-    ds = _coco_or_skip()
+def test_auto_mask_source_uses_polygons_when_the_dataset_has_them(coco_tiny):
+    ds = coco_tiny
     assert _Source(ds, "segment", 320, "auto").polygons
     assert not _Source(ds, "segment", 320, "bitmaps").polygons
     assert not _Source(ds, "detect", 320, "auto").polygons  # no masks for detect
@@ -217,8 +217,8 @@ def test_bad_mask_source_is_refused_with_the_fix():
         TrainLoader(built, batch_size=2, image_size=64, workers=0, mask_source="polygons")
 
 
-def test_polygon_count_mismatch_names_the_file():
-    ds = _coco_or_skip()
+def test_polygon_count_mismatch_names_the_file(coco_tiny):
+    ds = coco_tiny
 
     class Short:
         task = "segment"
@@ -240,29 +240,19 @@ def test_polygon_count_mismatch_names_the_file():
 
 
 @pytest.mark.parity
-def test_training_masks_match_the_references_with_augmentation_off(tmp_path, monkeypatch):
+def test_training_masks_match_the_references_with_augmentation_off(builtin_segment_yolo):
     """The reference's train dataset (black box, public ``build_yolo_dataset(mode="train")``, every
     augmentation at 0) against ours from polygons: nearly every instance's mask matches (the
     bitmap form measured 0.84 mean IoU here, ``benchmarks/results/train_gt_masks_*``)."""
-    monkeypatch.setenv("YOLO_OFFLINE", "1")
-    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path / "cfg"))
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-
-    from yolo_func.data import YoloDataset
-    from yolo_func.data.yolo import write_yolo_dataset
 
     size = 320
-    coco = builtin_dataset("segment", "val", root=tmp_path / "b", num_images=16)
-    yaml_path = write_yolo_dataset({"train": coco, "val": coco}, tmp_path / "yolo")
-    ds = YoloDataset(yaml_path, "val", task="segment")
-    data = check_det_dataset(str(yaml_path))
+    ds, data, names = builtin_segment_yolo(16)
     zero = dict(mosaic=0.0, degrees=0.0, translate=0.0, scale=0.0, shear=0.0, perspective=0.0, hsv_h=0.0, hsv_s=0.0,
                 hsv_v=0.0, fliplr=0.0, flipud=0.0)
     ref = build_yolo_dataset(get_cfg(overrides=dict(task="segment", imgsz=size, **zero)), data["val"], 4, data,
                              mode="train", rect=False, stride=32)
-    names = [Path(f).name for f in ds.file_names]
     read = _Source(ds, "segment", size, "auto").read
     ious = []
     for k in range(len(ref)):

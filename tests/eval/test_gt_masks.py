@@ -100,28 +100,18 @@ def test_polygon_and_dense_paths_agree_on_the_builtin_data(tmp_path):
 
 
 @pytest.mark.parity
-def test_val_gt_masks_equal_the_references_val_batches(tmp_path, monkeypatch):
+def test_val_gt_masks_equal_the_references_val_batches(builtin_segment_yolo):
     """The reference's val dataset (black box, public ``build_yolo_dataset(mode="val")``) carries
     the overlap-form masks; ours, built for the same letterbox, match them instance by instance
     (the rule the fit used before -- each instance's dense mask warped straight to a quarter, no
     overlap form -- does not)."""
-    monkeypatch.setenv("YOLO_OFFLINE", "1")
-    monkeypatch.setenv("YOLO_CONFIG_DIR", str(tmp_path / "cfg"))
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-
-    from yolo_func.data import YoloDataset
-    from yolo_func.data.yolo import write_yolo_dataset
 
     imgsz = 320
-    coco = builtin_dataset("segment", "val", root=tmp_path / "b", num_images=24)
-    yaml_path = write_yolo_dataset({"train": coco, "val": coco}, tmp_path / "yolo")
-    ds = YoloDataset(yaml_path, "val", task="segment")
-    data = check_det_dataset(str(yaml_path))
+    ds, data, names = builtin_segment_yolo(24)
     ref = build_yolo_dataset(get_cfg(overrides={"task": "segment", "imgsz": imgsz}), data["val"], 4, data,
                              mode="val", rect=True, stride=32)
-    names = [Path(f).name for f in ds.file_names]
     ious, per_instance, old = [], [], []
     for k in range(len(ref)):
         r = ref[k]

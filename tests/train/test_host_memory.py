@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -33,8 +34,6 @@ TOUCHED = 10 * (120 << 20) // 4096  # pages the 10 measured steps write: 307200
 
 
 def _faults(mode: str, env_off: bool = False) -> tuple[bool, int]:
-    import os
-
     env = dict(os.environ, YOLO_FUNC_KEEP_HOST_MEMORY="0" if env_off else "1")
     out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True,
                          env=env, check=True).stdout.split()

@@ -1038,9 +1038,9 @@ def apply_affine(rec: Annotated, t: AffineTransform, *, fast_resize: bool = True
                  out: np.ndarray | None = None) -> Annotated:
     """Apply ``t`` to the image and every label, then the box filter.
 
-    Boxes: the 4 transformed corners (min/max, clipped); with masks, each box becomes the extent of
-    its transformed polygon (clipped; the reference's rule) or the tight box of its warped mask
-    pixels, and the area threshold is 0.01.
+    Boxes: the 4 transformed corners (min/max, clipped); with masks, each box becomes the box of
+    its transformed polygon's part inside the image (the reference's rule) or the tight box of its
+    warped mask pixels, and the area threshold is 0.01.
     Keypoints outside the output get visibility 0.
 
     Fast path (``fast_resize``, the default): when ``t`` is axis-aligned (scale and translation

@@ -269,16 +269,13 @@ def fill_polygons(points: np.ndarray | Sequence[np.ndarray], shape: tuple[int, i
     offsets = np.zeros((n, 2), np.int64)
     empty = np.zeros((0, 0), np.uint8)
     if isinstance(points, np.ndarray) and points.ndim == 3:  # [N, P, 2]: the checks and bounds in one pass each
-        same = points
         valid = np.isfinite(points).all((1, 2)) & (points.shape[1] >= 3)
         ints = np.where(valid[:, None, None], points, 0).astype(np.int32)
-    else:
-        same = [np.asarray(p).reshape(-1, 2) for p in points]
-        valid = np.array([len(p) >= 3 and bool(np.isfinite(p).all()) for p in same], bool)
-        ints = [p.astype(np.int32) if ok else np.zeros((1, 2), np.int32) for p, ok in zip(same, valid)]
-    if isinstance(ints, np.ndarray):
         lo, hi = polygon_extents(ints)
-    else:
+    else:  # N polygons of their own lengths
+        polys = [np.asarray(p).reshape(-1, 2) for p in points]
+        valid = np.array([len(p) >= 3 and bool(np.isfinite(p).all()) for p in polys], bool)
+        ints = [p.astype(np.int32) if ok else np.zeros((1, 2), np.int32) for p, ok in zip(polys, valid)]
         lo = np.array([p.min(0) for p in ints], np.int64).reshape(n, 2)
         hi = np.array([p.max(0) for p in ints], np.int64).reshape(n, 2)
     x0, y0 = np.maximum(lo[:, 0], 0), np.maximum(lo[:, 1], 0)
