@@ -11,6 +11,10 @@ Variants (best of ``--runs`` each, images/s):
 - ``workers=<n>``: fewer or more reader threads;
 - ``processes``: the readers as DataLoader worker processes (no GIL shared; a fork per worker);
 - ``backend=<b>``: ``evaluate(loader_backend=b)`` (``threads`` / ``processes`` / ``auto``, the default);
+- ``noring``: ``loader_backend="processes"`` with the DataLoader's own shared-memory tensors and
+  pinning thread instead of the shared page-locked ring (``PROCESS_LOADER_RING = False``);
+- ``loader=<threads|processes|noring>``: the ValLoader alone, each batch's images copied to the
+  device and nothing else (the readers' ceiling; the same reporting, no mAP);
 - ``preloaded``: the batches built beforehand (no reading at all): the ceiling of the main thread
   and the GPU;
 - ``replay``: ``evaluate(replay=True)`` (forward + decode + NMS replayed as CUDA graphs).
@@ -33,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval import repeated_coco  # noqa: E402  (benchmarks/eval.py)
 
 import yolo_func.data.loader as loader_mod  # noqa: E402
+import yolo_func.eval.evaluate as evaluate_mod  # noqa: E402
 from yolo_func.eval import evaluate  # noqa: E402
 from yolo_func.io import load_reference_model  # noqa: E402
 
@@ -78,6 +83,12 @@ def main() -> None:
             kw["loader_backend"] = val
         elif name == "processes":
             loader_cls = lambda *a, **k: real_loader(*a, **{**k, "backend": "processes"})  # noqa: E731
+        elif name == "noring":
+            kw["loader_backend"] = "processes"
+            evaluate_mod.PROCESS_LOADER_RING = False
+        elif name == "loader":
+            print(f"{v:16s} {loader_only(ds, val, args, dev, sync):8.1f} images/s  (loader alone)", flush=True)
+            continue
         elif name == "preloaded":
             batches = list(real_loader(ds, batch_size=args.batch, image_size=640, workers=args.workers, task=args.task))
             loader_cls = lambda *a, **k: batches  # noqa: E731  (evaluate takes len() and iterates)
@@ -98,8 +109,25 @@ def main() -> None:
                 fit = m["internal"]["box"]["mAP50-95"]
         finally:
             loader_mod.ValLoader = real_loader
+            evaluate_mod.PROCESS_LOADER_RING = True
             sys.setswitchinterval(old_switch)
         print(f"{v:16s} {best:8.1f} images/s  box mAP50-95 {fit:.4f}", flush=True)
+
+
+def loader_only(ds, backend: str, args, dev: torch.device, sync) -> float:
+    """Best images/s over ``args.runs`` passes of the ValLoader alone, images copied to ``dev``."""
+    ring = backend == "processes" and dev.type == "cuda"
+    kw = dict(backend="processes" if backend == "noring" else backend, device=dev if ring else None)
+    loader = loader_mod.ValLoader(ds, batch_size=args.batch, image_size=640, workers=args.workers, task=args.task, **kw)
+    best = 0.0
+    for _ in range(args.runs):
+        sync()
+        t = time.perf_counter()
+        for vb in loader:
+            vb.images.to(dev, non_blocking=True)
+        sync()
+        best = max(best, len(ds) / (time.perf_counter() - t))
+    return best
 
 
 if __name__ == "__main__":

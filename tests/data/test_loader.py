@@ -229,6 +229,23 @@ def test_pinned_val_batches_are_letterboxed_into_page_locked_buffers():
         _assert_val_batches_equal(pinned, plain)
 
 
+@pytest.mark.cuda
+def test_ring_val_batches_arrive_on_the_gpu_from_a_page_locked_ring_unchanged():
+    # worker processes letterbox into the shared ring, page-locked after they fork; each batch is
+    # copied to the GPU asynchronously from its slot, and the slots rotate several times a pass
+    ds = ellipse_dataset(31, "pose", keypoints=5, bad=(6,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = list(ValLoader(ds, batch_size=2, image_size=64, workers=0, pin_memory=False))
+        loader = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device="cuda")
+        for _ in range(2):
+            got = list(loader)
+            assert loader._ring.pinned and loader._ring.flat.is_pinned()  # else the copies are synchronous
+            assert all(vb.images.is_cuda and vb.images.is_contiguous(memory_format=torch.channels_last) for vb in got)
+            _assert_val_batches_equal([vb._replace(images=vb.images.cpu()) for vb in got], plain)
+    assert len(loader) > loader._ring.slots
+
+
 def test_worker_batches_send_small_targets_inline_and_arrive_unchanged():
     # a worker's batch crosses the pipe with its small target arrays pickled inline (no shared-memory
     # segment and file descriptor each); what the main process gets back is the same Batch
@@ -306,13 +323,15 @@ def test_val_loader_backends_give_the_same_batches_and_skips(task):
     got = {}
     for name, kw in {"main": dict(workers=0), "threads": dict(workers=3), "threads1": dict(workers=1),
                      "consumer": dict(workers=2, producer=False),
-                     "processes": dict(workers=2, backend="processes")}.items():
+                     "processes": dict(workers=2, backend="processes"),
+                     "ring": dict(workers=2, backend="processes", device="cpu")}.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             loader = ValLoader(ds, batch_size=3, image_size=64, pin_memory=False, **kw)
+            assert (loader._ring is not None) == (name == "ring")  # the shared ring only where asked for
             got[name] = (list(loader), sorted(loader.skipped))
     assert got["main"][1] == [3, 7]
-    for name in ("threads", "threads1", "consumer", "processes"):
+    for name in ("threads", "threads1", "consumer", "processes", "ring"):
         assert got[name][1] == got["main"][1], name
         _assert_val_batches_equal(got[name][0], got["main"][0])
 
@@ -348,6 +367,45 @@ def test_letterbox_into_a_given_array_fills_every_pixel():
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match=r"out must be uint8\[64, 64, 3\]"):
         letterbox(img, (64, 64), out=np.zeros((64, 32, 3), np.uint8))
+
+
+def test_ring_val_loader_keeps_every_batch_through_many_slot_rotations_and_an_abandoned_pass():
+    # 2 workers: 6 slots for 13 batches, so every slot is written more than twice per pass; a pass
+    # left after two batches (work still in flight in the workers) must not leak into the next one
+    ds = ellipse_dataset(25, "pose", keypoints=5, bad=(4,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = list(ValLoader(ds, batch_size=2, image_size=64, workers=0, pin_memory=False))
+        loader = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device="cpu")
+        assert loader._ring.slots == 6 < len(loader) == 13
+        it = iter(loader)
+        early = [next(it), next(it)]
+        del it
+        again, third = list(loader), list(loader)
+    _assert_val_batches_equal(early, want[:2])
+    _assert_val_batches_equal(again, want)
+    _assert_val_batches_equal(third, want)
+    assert all(vb.images.is_contiguous(memory_format=torch.channels_last) for vb in again)
+
+
+def test_shared_ring_views_rotation_and_bounds():
+    from yolo_func.data.shared_ring import SharedRing, ring_slots
+
+    assert ring_slots(8, 2) == 18
+    ring = SharedRing(3, 24)
+    a = ring.view(1, (2, 2, 2, 3))
+    a.fill_(7)
+    assert int(ring.flat[24:48].sum()) == 7 * 24 and int(ring.flat.sum()) == 7 * 24  # slot 1 only
+    assert [ring.claim() for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    copy = ring.to_device(1, a, torch.device("cpu"))
+    a.fill_(0)
+    assert int(copy.sum()) == 7 * 24  # off the host ring, a batch is a copy: the slot may be rewritten
+    with pytest.raises(ValueError, match="slot 3 of 3"):
+        ring.view(3, (1,))
+    with pytest.raises(ValueError, match="cannot hold"):
+        ring.view(0, (25,))
+    with pytest.raises(ValueError, match="slots and slot_bytes"):
+        SharedRing(0, 8)
 
 
 def test_threaded_val_loader_can_be_left_early_and_iterated_again():

@@ -48,6 +48,7 @@ from yolo_func.data.augment import (
 )
 from yolo_func.data.collate import batch_images, collate, format_record
 from yolo_func.data.images import image_size as image_size_of
+from yolo_func.data.shared_ring import SharedRing, ring_slots
 from yolo_func.structures.records import Batch, Targets
 from yolo_func.structures.targets import targets_from_lists
 
@@ -292,6 +293,19 @@ class _EpochSampler(Sampler):
     def __len__(self) -> int:
         rank, world = self.shard
         return len(range(rank, self.n_batches, world))
+
+
+class _RingSampler(_EpochSampler):
+    """``(epoch, b, slot)``: :class:`_EpochSampler`'s keys with the ring slot each batch is written
+    into, claimed in the main process when the DataLoader hands the key to a worker."""
+
+    def __init__(self, epoch: _Epoch, n_batches: int, ring: SharedRing, shard: tuple[int, int] = (0, 1)):
+        super().__init__(epoch, n_batches, shard=shard)
+        self.ring = ring
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        for e, b in super().__iter__():
+            yield e, b, self.ring.claim()
 
 
 def _dataloader(source: Any, sampler: Sampler, *, workers: int, pin_memory: bool | None, prefetch_factor: int,
@@ -574,11 +588,46 @@ def val_batch_shapes(shapes: np.ndarray, batch_size: int, image_size: int, *, st
     return order, out
 
 
+class _WireValBatch:
+    """A :class:`ValBatch` on its way from a worker process whose images are in a
+    :class:`~yolo_func.data.shared_ring.SharedRing` slot: the slot and the images' shape instead
+    of the pixels, every other field as numpy arrays inline in the pickle (no shared-memory
+    segment, no file descriptor per tensor)."""
+
+    __slots__ = ("slot", "shape", "boxes", "classes", "valid", "keypoints", "image_ids", "file_names",
+                 "orig_shapes", "gains", "pads")
+
+    def __init__(self, batch: ValBatch, slot: int):
+        t = batch.targets
+        self.slot, self.shape = slot, tuple(batch.images.permute(0, 2, 3, 1).shape)
+        self.boxes, self.classes, self.valid = t.boxes.numpy(), t.classes.numpy(), t.valid.numpy()
+        self.keypoints = None if t.keypoints is None else t.keypoints.numpy()
+        self.image_ids, self.file_names = batch.image_ids.numpy(), batch.file_names
+        self.orig_shapes, self.gains, self.pads = batch.orig_shapes.numpy(), batch.gains.numpy(), batch.pads.numpy()
+
+    def __getstate__(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __setstate__(self, state) -> None:
+        for k, v in zip(self.__slots__, state):
+            setattr(self, k, v)
+
+    def unwire(self, ring: SharedRing, device: torch.device) -> ValBatch:
+        """The batch, its images copied from the ring slot to ``device`` (NCHW, channels-last strides)."""
+        images = ring.to_device(self.slot, ring.view(self.slot, self.shape).permute(0, 3, 1, 2), device)
+        kp = None if self.keypoints is None else torch.from_numpy(self.keypoints)
+        t = Targets(torch.from_numpy(self.boxes), torch.from_numpy(self.classes), torch.from_numpy(self.valid), None, kp)
+        return ValBatch(images, t, torch.from_numpy(self.image_ids), self.file_names, torch.from_numpy(self.orig_shapes),
+                        torch.from_numpy(self.gains), torch.from_numpy(self.pads))
+
+
 class _ValBatches:
-    def __init__(self, source: _Source, order: np.ndarray, shapes: np.ndarray, batch_size: int, pin_memory: bool = False):
+    def __init__(self, source: _Source, order: np.ndarray, shapes: np.ndarray, batch_size: int, pin_memory: bool = False,
+                 ring: SharedRing | None = None):
         self.source, self.order, self.shapes, self.batch_size = source, order, shapes, batch_size
         self.pin_memory = pin_memory  # page-locked batches (threads / main process; a DataLoader pins its own)
         self.direct = pin_memory  # readers letterbox into a batch buffer (see buffer(); tests switch it on the CPU)
+        self.ring = ring  # worker processes letterbox into its slots: keys are (epoch, b, slot)
 
     def indices(self, b: int) -> list[int]:
         """The dataset indices of rect batch ``b``, in order."""
@@ -589,12 +638,27 @@ class _ValBatches:
         errors = self.source.errors
         return {i: errors[i] for i in self.indices(b) if i in errors}
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[ValBatch, dict[int, str]]:
-        _, b = key
+    def __getitem__(self, key: tuple[int, ...]) -> tuple[Any, dict[int, str]]:
+        b = key[1]
+        if len(key) == 3:
+            return self._into_slot(b, key[2]), self.errors_of(b)
         H, W = (int(v) for v in self.shapes[b])
         buffer, slots = self.buffer(b)
         return self.assemble(b, [self.one(i, H, W, slot) for i, slot in zip(self.indices(b), slots)],
                              buffer), self.errors_of(b)
+
+    def _into_slot(self, b: int, slot: int) -> _WireValBatch:
+        # the images letterboxed into ring slot `slot` (the ones read, moved to its front), the
+        # rest of the batch as inline arrays
+        H, W = (int(v) for v in self.shapes[b])
+        indices = self.indices(b)
+        buffer = self.ring.view(slot, (len(indices), H, W, 3))
+        arr = buffer.numpy()
+        parts = [self.one(i, H, W, arr[k]) for k, i in enumerate(indices)]
+        kept = [k for k, x in enumerate(parts) if x is not None]
+        if kept and len(kept) < len(parts):
+            arr[:len(kept)] = arr[kept]
+        return _WireValBatch(self.assemble(b, [parts[k] for k in kept], buffer[:len(kept)]), slot)
 
     def buffer(self, b: int) -> tuple[torch.Tensor | None, list[np.ndarray | None]]:
         """A page-locked ``uint8[n, H, W, 3]`` for rect batch ``b``'s images, which the readers
@@ -720,6 +784,14 @@ class ValLoader:
         the GPU's. False: the consuming thread stacks each batch's images and builds its targets
         when it takes it, as a CPU forward that keeps every core busy prefers. The batches are the
         same either way.
+      device: where each batch's images are delivered (default None: on the host, page-locked
+        when ``pin_memory``; the targets and the rest of the batch stay on the host either way).
+        With ``backend="processes"`` and ``workers > 0`` the workers then letterbox straight into
+        a ring of buffers shared with this process (page-locked on a GPU,
+        :mod:`yolo_func.data.shared_ring`) and each batch is copied to ``device`` from its buffer:
+        no per-batch shared-memory segment and no pinning copy on the way. The ring holds
+        ``2 * workers + 2`` of the largest batch (``batch_size * H * W * 3`` bytes each: 18 x 39
+        MB for 8 workers at 640).
       shard: ``(rank, world_size)``: iterate only the rect batches ``b`` with ``b % world_size ==
         rank`` (validation sharded over data-parallel ranks; ``len`` counts this shard's batches).
         Default ``(0, 1)``: every batch.
@@ -739,7 +811,7 @@ class ValLoader:
     def __init__(self, dataset: Any, *, batch_size: int, image_size: int = 640, workers: int = 4,
                  task: str | None = None, shapes: Sequence[tuple[int, int]] | np.ndarray | None = None,
                  stride: int = 32, pad: float = 0.5, pin_memory: bool | None = None, shard: tuple[int, int] = (0, 1),
-                 backend: str = "threads", producer: bool = True):
+                 backend: str = "threads", producer: bool = True, device: str | torch.device | None = None):
         if backend not in ("threads", "processes"):
             raise ValueError(f"[yolo_func] ValLoader: backend must be 'threads' or 'processes', got {backend!r}")
         if workers < 0:
@@ -763,13 +835,25 @@ class ValLoader:
         self.order, self.batch_shapes = val_batch_shapes(shapes, batch_size, image_size, stride=stride, pad=pad)
         self.skipped: dict[int, str] = {}
         _report(self.skipped, self._source.errors)
+        self.device = None if device is None else torch.device(device)
+        self._ring: SharedRing | None = None
+        prefetch = 2
+        if backend == "processes" and workers > 0 and self.device is not None and len(self.batch_shapes):
+            # the workers letterbox into slots of one shared mapping made before they fork; each
+            # batch goes to the device from its slot (shared_ring's docstring)
+            H, W = (int(v) for v in self.batch_shapes.max(0))
+            self._ring = SharedRing(ring_slots(workers, prefetch), batch_size * H * W * 3)
         self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size,
-                                   pin_memory=self.pin_memory and backend == "threads")
-        self._sampler = _EpochSampler(_Epoch(), len(self._batches), shard=self.shard)
+                                   pin_memory=self.pin_memory and backend == "threads", ring=self._ring)
+        if self._ring is not None:
+            self._sampler = _RingSampler(_Epoch(), len(self._batches), self._ring, shard=self.shard)
+        else:
+            self._sampler = _EpochSampler(_Epoch(), len(self._batches), shard=self.shard)
         self._loader = None
         if backend == "processes":
             self._loader = _dataloader(self._batches, self._sampler, workers=workers,
-                                       pin_memory=pin_memory, prefetch_factor=2, persistent_workers=workers > 0)
+                                       pin_memory=pin_memory and self._ring is None, prefetch_factor=prefetch,
+                                       persistent_workers=workers > 0)
 
     def _shape(self, index: int, image_size: int) -> tuple[int, int]:
         path_of = getattr(self._source.dataset, "image_path", None)
@@ -786,18 +870,36 @@ class ValLoader:
 
     def __iter__(self) -> Iterator[ValBatch]:
         if self._loader is not None:
-            for batch, new in self._loader:
-                _report(self.skipped, new)
-                yield batch
+            yield from self._from_processes()
             return
         batches = [b for _, b in self._sampler]
         if self.workers == 0:
             for b in batches:
                 batch, new = self._batches[(0, b)]
                 _report(self.skipped, new)
-                yield batch
+                yield self._to_device(batch)
             return
-        yield from self._threaded(batches)
+        for batch in self._threaded(batches):
+            yield self._to_device(batch)
+
+    def _to_device(self, batch: ValBatch) -> ValBatch:
+        if self.device is None:
+            return batch
+        return batch._replace(images=batch.images.to(self.device, non_blocking=True))
+
+    def _from_processes(self) -> Iterator[ValBatch]:
+        it = iter(self._loader)
+        if self._ring is None:
+            for batch, new in it:
+                _report(self.skipped, new)
+                yield self._to_device(batch)
+            return
+        # page-locked once the workers have forked (the first iter() forks them; they persist)
+        if self.device.type == "cuda":
+            self._ring.pin()
+        for wire, new in it:
+            _report(self.skipped, new)
+            yield wire.unwire(self._ring, self.device)
 
     def _in_order(self, batches: list[int], ex: ThreadPoolExecutor, stop: threading.Event | None = None
                   ) -> Iterator[tuple[ValBatch, dict[int, str]]]:

@@ -167,6 +167,10 @@ def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
 # pay off), 64 batches 1014-1030 vs 1101-1134 (one host) and 723 vs 958 (another); the fitted
 # crossover is ~40 batches (benchmarks/results/diag_eval_host_detect_*_20261206T06*.log).
 PROCESS_LOADER_MIN_BATCHES = 48
+# worker processes beside a GPU write into a shared page-locked ring and the loader copies each
+# batch to the GPU from there (ValLoader(device=...)); False: the DataLoader's own shared-memory
+# tensors and pinning thread (kept for the A/B in benchmarks/diag_eval_host.py)
+PROCESS_LOADER_RING = True
 
 
 def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -481,8 +485,9 @@ def evaluate_with_records(
         batches = -(-len(dataset) // max(int(batch_size), 1))
         loader_backend = "processes" if dev.type == "cuda" and workers > 0 and batches >= PROCESS_LOADER_MIN_BATCHES \
             else "threads"
+    ring = loader_backend == "processes" and dev.type == "cuda" and PROCESS_LOADER_RING
     loader = ValLoader(dataset, batch_size=batch_size, image_size=image_size, workers=workers, task=task,
-                       producer=dev.type != "cpu", backend=loader_backend)
+                       producer=dev.type != "cpu", backend=loader_backend, device=dev if ring else None)
     amp = _autocast_dtype(precision, dev)
     from yolo_func.func import autocast
     from yolo_func.eval.postprocess import scale_to_original
