@@ -226,8 +226,14 @@ class PolygonMasks(NamedTuple):
 
     def moved(self, sx, tx, sy, ty) -> PolygonMasks:
         """Every point mapped by ``x * sx + tx``, ``y * sy + ty`` (scalars or float[N, 1] per instance)."""
-        p = self.points.astype(np.float64)
-        return PolygonMasks(np.stack([p[..., 0] * sx + tx, p[..., 1] * sy + ty], -1).astype(np.float32))
+        # computed in float64 (the coefficients are float64 arrays), rounded once into float32;
+        # per axis on the [N, P] views (broadcasting over the length-2 axis is many times slower)
+        f = np.float64
+        sx, tx, sy, ty = np.asarray(sx, f), np.asarray(tx, f), np.asarray(sy, f), np.asarray(ty, f)
+        out = np.empty(self.points.shape, np.float32)
+        out[..., 0] = self.points[..., 0] * sx + tx
+        out[..., 1] = self.points[..., 1] * sy + ty
+        return PolygonMasks(out)
 
     def boxes(self, shape: tuple[int, int]) -> np.ndarray:
         """The box of each polygon's part inside the image of ``shape`` (H, W): xyxy
@@ -568,8 +574,11 @@ def _shift_clip(rec: Annotated, dx: int, dy: int, region: tuple[int, int, int, i
     boxes = np.clip(boxes, np.array([x1, y1, x1, y1], np.float32), np.array([x2, y2, x2, y2], np.float32))
     masks = kpts = None
     if isinstance(rec.masks, PolygonMasks):  # shifted, then clipped to the region like the boxes
-        p = rec.masks.points + np.array([dx, dy], np.float32)
-        masks = PolygonMasks(np.clip(p, np.array([x1, y1], np.float32), np.array([x2, y2], np.float32)))
+        pts, p = rec.masks.points, np.empty(rec.masks.points.shape, np.float32)
+        # per axis with scalar bounds (a clip broadcast over the length-2 axis is many times slower)
+        np.clip(pts[..., 0] + np.float32(dx), np.float32(x1), np.float32(x2), out=p[..., 0])
+        np.clip(pts[..., 1] + np.float32(dy), np.float32(y1), np.float32(y2), out=p[..., 1])
+        masks = PolygonMasks(p)
     elif rec.masks is not None:
         offs, crops = [], []
         for c, (x0, y0) in zip(rec.masks.crops, rec.masks.offsets):

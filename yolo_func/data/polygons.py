@@ -196,47 +196,59 @@ def clipped_polygon_boxes(points: np.ndarray, shape: tuple[int, int]) -> np.ndar
     out = np.zeros((n, 4), np.float32)
     if n == 0:
         return out
-    valid = np.isfinite(points).all((1, 2))
-    p = np.where(valid[:, None, None], points, 0).astype(np.float64)
-    x0, y0 = p[..., 0], p[..., 1]
-    inside = (x0 >= 0) & (x0 <= W) & (y0 >= 0) & (y0 <= H)
-    whole = valid & inside.all(1)
-    if whole.any():
-        lo, hi = polygon_extents(points[whole])
-        out[whole] = np.concatenate([lo, hi], 1)
-    todo = np.flatnonzero(valid & ~whole)
+    # x and y as contiguous [N, P] rows (reductions along a row are fast; a [N, P, 2] view's are not).
+    # Comparisons are exact in the points' own dtype; only the crossings are solved in float64.
+    xs, ys = np.ascontiguousarray(points[..., 0]), np.ascontiguousarray(points[..., 1])
+    with np.errstate(invalid="ignore"):
+        lx, hx, ly, hy = xs.min(1), xs.max(1), ys.min(1), ys.max(1)  # NaN where a row has one
+    valid = np.isfinite(lx) & np.isfinite(hx) & np.isfinite(ly) & np.isfinite(hy)
+    whole = valid & (lx >= 0) & (hx <= W) & (ly >= 0) & (hy <= H)
+    out[whole] = np.stack([lx, ly, hx, hy], 1)[whole]
+    # the rest, less the polygons wholly beyond one border line (nothing inside: zeros; after a
+    # mosaic and its affine most of the polygons that are not wholly inside are of this kind)
+    beyond = (hx < 0) | (lx > W) | (hy < 0) | (ly > H)
+    todo = np.flatnonzero(valid & ~whole & ~beyond)
     if len(todo) == 0:
         return out
-    x0, y0, inside = x0[todo], y0[todo], inside[todo]
-    m = len(todo)
+    x0, y0 = xs[todo], ys[todo]
+    lx, hx, ly, hy = lx[todo], hx[todo], ly[todo], hy[todo]
     # the vertices inside
-    lo_x, lo_y = np.where(inside, x0, np.inf).min(1), np.where(inside, y0, np.inf).min(1)
-    hi_x, hi_y = np.where(inside, x0, -np.inf).max(1), np.where(inside, y0, -np.inf).max(1)
+    inside = (x0 >= 0) & (x0 <= W) & (y0 >= 0) & (y0 <= H)
+    lo_x = np.where(inside, x0, np.inf).min(1).astype(np.float64)
+    lo_y = np.where(inside, y0, np.inf).min(1).astype(np.float64)
+    hi_x = np.where(inside, x0, -np.inf).max(1).astype(np.float64)
+    hi_y = np.where(inside, y0, -np.inf).max(1).astype(np.float64)
     x1, y1 = np.roll(x0, -1, 1), np.roll(y0, -1, 1)  # each edge's end
-    # the crossings of the edges that straddle a border line (few per polygon: found first, then solved)
-    zero = 0.0
-    for c, vertical in ((zero, True), (W, True), (zero, False), (H, False)):
-        a0, a1, b0, b1, span = (x0, x1, y0, y1, H) if vertical else (y0, y1, x0, x1, W)
-        row, col = np.nonzero(((a0 - c) * (a1 - c) <= 0) & (a1 != a0))
-        if len(row) == 0:
-            continue
-        e0, e1 = a0[row, col], a1[row, col]
-        cross = b0[row, col] + (c - e0) / (e1 - e0) * (b1[row, col] - b0[row, col])
-        keep = (cross >= 0) & (cross <= span)
-        row, cross = row[keep], cross[keep]
-        xs, ys = (np.full_like(cross, c), cross) if vertical else (cross, np.full_like(cross, c))
-        np.minimum.at(lo_x, row, xs)
-        np.minimum.at(lo_y, row, ys)
-        np.maximum.at(hi_x, row, xs)
-        np.maximum.at(hi_y, row, ys)
-    # the image corners inside the polygon (even-odd crossing number), for polygons around a corner
-    ext_lo_x, ext_hi_x = x0.min(1), x0.max(1)
-    ext_lo_y, ext_hi_y = y0.min(1), y0.max(1)
-    for cx, cy in ((zero, zero), (W, zero), (zero, H), (W, H)):
-        rows = np.flatnonzero((ext_lo_x <= cx) & (ext_hi_x >= cx) & (ext_lo_y <= cy) & (ext_hi_y >= cy))
+    # the crossings of the edges that straddle a border line: only in the rows whose extent reaches
+    # across it (few edges each: found first, then solved)
+    for c, vertical in ((0.0, True), (W, True), (0.0, False), (H, False)):
+        lo, hi = (lx, hx) if vertical else (ly, hy)
+        rows = np.flatnonzero((lo <= c) & (hi >= c))
         if len(rows) == 0:
             continue
-        a0, a1, b0, b1 = x0[rows], x1[rows], y0[rows], y1[rows]
+        a0, a1, b0, b1, span = (x0, x1, y0, y1, H) if vertical else (y0, y1, x0, x1, W)
+        e0, e1 = a0[rows], a1[rows]
+        r, col = np.nonzero((np.minimum(e0, e1) <= c) & (np.maximum(e0, e1) >= c) & (e1 != e0))
+        if len(r) == 0:
+            continue
+        row = rows[r]
+        e0, e1 = a0[row, col].astype(np.float64), a1[row, col].astype(np.float64)
+        f0, f1 = b0[row, col].astype(np.float64), b1[row, col].astype(np.float64)
+        cross = f0 + (c - e0) / (e1 - e0) * (f1 - f0)
+        keep = (cross >= 0) & (cross <= span)
+        row, cross = row[keep], cross[keep]
+        xc, yc = (np.full_like(cross, c), cross) if vertical else (cross, np.full_like(cross, c))
+        np.minimum.at(lo_x, row, xc)
+        np.minimum.at(lo_y, row, yc)
+        np.maximum.at(hi_x, row, xc)
+        np.maximum.at(hi_y, row, yc)
+    # the image corners inside the polygon (even-odd crossing number), for polygons around a corner
+    for cx, cy in ((0.0, 0.0), (W, 0.0), (0.0, H), (W, H)):
+        rows = np.flatnonzero((lx <= cx) & (hx >= cx) & (ly <= cy) & (hy >= cy))
+        if len(rows) == 0:
+            continue
+        a0, a1 = x0[rows].astype(np.float64), x1[rows].astype(np.float64)
+        b0, b1 = y0[rows].astype(np.float64), y1[rows].astype(np.float64)
         straddle = (b0 > cy) != (b1 > cy)
         with np.errstate(divide="ignore", invalid="ignore"):
             crosses = straddle & (cx < a0 + (cy - b0) * (a1 - a0) / (b1 - b0))
