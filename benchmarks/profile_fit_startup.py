@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--capture", default="auto")
     ap.add_argument("--override", action="append", default=[], help="extra key=value config overrides")
     ap.add_argument("--cprofile", action="store_true", help="also write the fit's cProfile (top 60 by cumulative time)")
+    ap.add_argument("--no-import-thread", action="store_true",
+                    help="skip fit's import thread (_warm_imports): the step imports what it needs when it needs it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -114,6 +116,8 @@ def main() -> None:
 
         setattr(R, name, wrapper)
 
+    if args.no_import_thread:
+        F._warm_imports = lambda *a, **k: None
     for name in ("capture_step", "capture_vjp"):
         timed_capture(name)
     timed(R, "capture_head", "capture")
@@ -171,6 +175,7 @@ def main() -> None:
         result = prof.runcall(F.fit, config, on_step=on_step, progress=False)
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / f"startup_{args.task}_b{args.batch}_cprofile.txt").write_text(buf.getvalue())
@@ -181,7 +186,7 @@ def main() -> None:
 
     steps = [e for e in events if e["kind"] == "step"]
     caps = [e for e in events if e["kind"] == "capture"]
-    summary = {"import_s": round(t_import, 3), "fit_s": round(fit_s, 3), "steps": len(steps),
+    summary = {"import_thread": not args.no_import_thread, "import_s": round(t_import, 3), "fit_s": round(fit_s, 3), "steps": len(steps),
                "first_step_end_s": steps[0]["end"] if steps else None,
                "capture_s": round(sum(e["seconds"] for e in caps), 3), "captures": len(caps),
                "capture_buckets": sorted({e["M"] for e in caps if e["M"] is not None}),
