@@ -11,8 +11,9 @@ Variants (best of ``--runs`` each, images/s):
 - ``workers=<n>``: fewer or more reader threads;
 - ``processes``: the readers as DataLoader worker processes (no GIL shared; a fork per worker);
 - ``backend=<b>``: ``evaluate(loader_backend=b)`` (``threads`` / ``processes`` / ``auto``, the default);
-- ``noring``: ``loader_backend="processes"`` with the DataLoader's own shared-memory tensors and
-  pinning thread instead of the shared page-locked ring (``PROCESS_LOADER_RING = False``);
+- ``ring`` / ``noring``: ``loader_backend="processes"`` with the shared page-locked ring
+  (``PROCESS_LOADER_RING = True``) / with the DataLoader's own shared-memory tensors and pinning
+  thread (``False``);
 - ``loader=<threads|processes|noring>``: the ValLoader alone, each batch's images copied to the
   device and nothing else (the readers' ceiling; the same reporting, no mAP);
 - ``preloaded``: the batches built beforehand (no reading at all): the ceiling of the main thread
@@ -37,7 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eval import repeated_coco  # noqa: E402  (benchmarks/eval.py)
 
 import yolo_func.data.loader as loader_mod  # noqa: E402
-import yolo_func.eval.evaluate as evaluate_mod  # noqa: E402
+import importlib  # noqa: E402
+
+# the module (yolo_func.eval.evaluate is also the function, which `import ... as` would bind)
+evaluate_mod = importlib.import_module("yolo_func.eval.evaluate")
 from yolo_func.eval import evaluate  # noqa: E402
 from yolo_func.io import load_reference_model  # noqa: E402
 
@@ -67,6 +71,7 @@ def main() -> None:
     else:
         model, params, state, _ = load_reference_model(args.weights)
     real_loader = loader_mod.ValLoader
+    ring_default = evaluate_mod.PROCESS_LOADER_RING
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     print(f"{args.task}, {len(ds)} images, batch {args.batch}, torch {torch.__version__}, "
           f"{gpu}, switch interval {sys.getswitchinterval()}", flush=True)
@@ -83,9 +88,9 @@ def main() -> None:
             kw["loader_backend"] = val
         elif name == "processes":
             loader_cls = lambda *a, **k: real_loader(*a, **{**k, "backend": "processes"})  # noqa: E731
-        elif name == "noring":
+        elif name in ("ring", "noring"):
             kw["loader_backend"] = "processes"
-            evaluate_mod.PROCESS_LOADER_RING = False
+            evaluate_mod.PROCESS_LOADER_RING = name == "ring"
         elif name == "loader":
             print(f"{v:16s} {loader_only(ds, val, args, dev, sync):8.1f} images/s  (loader alone)", flush=True)
             continue
@@ -109,7 +114,7 @@ def main() -> None:
                 fit = m["internal"]["box"]["mAP50-95"]
         finally:
             loader_mod.ValLoader = real_loader
-            evaluate_mod.PROCESS_LOADER_RING = True
+            evaluate_mod.PROCESS_LOADER_RING = ring_default
             sys.setswitchinterval(old_switch)
         print(f"{v:16s} {best:8.1f} images/s  box mAP50-95 {fit:.4f}", flush=True)
 

@@ -169,8 +169,9 @@ def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
 PROCESS_LOADER_MIN_BATCHES = 48
 # worker processes beside a GPU write into a shared page-locked ring and the loader copies each
 # batch to the GPU from there (ValLoader(device=...)); False: the DataLoader's own shared-memory
-# tensors and pinning thread (kept for the A/B in benchmarks/diag_eval_host.py)
-PROCESS_LOADER_RING = True
+# tensors and pinning thread. Off by default until measured on a GPU (YOLO_FUNC_VAL_RING=1 turns
+# it on; benchmarks/diag_eval_host.py compares the two).
+PROCESS_LOADER_RING = os.environ.get("YOLO_FUNC_VAL_RING", "0") == "1"
 
 
 def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
