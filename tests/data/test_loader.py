@@ -388,6 +388,20 @@ def test_ring_val_loader_keeps_every_batch_through_many_slot_rotations_and_an_ab
     assert all(vb.images.is_contiguous(memory_format=torch.channels_last) for vb in again)
 
 
+def test_ring_of_fewer_slots_than_in_flight_batches_when_the_loader_has_few_batches():
+    # 3 batches, 2 workers: 3 slots (not 6); passes one after another, one left early, stay right
+    ds = ellipse_dataset(6, "detect")
+    want = list(ValLoader(ds, batch_size=2, image_size=64, workers=0, pin_memory=False))
+    loader = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device="cpu")
+    assert loader._ring.slots == len(loader) == 3
+    _assert_val_batches_equal(list(loader), want)
+    it = iter(loader)
+    _assert_val_batches_equal([next(it)], want[:1])
+    del it
+    for _ in range(2):
+        _assert_val_batches_equal(list(loader), want)
+
+
 def test_shared_ring_views_rotation_and_bounds():
     from yolo_func.data.shared_ring import SharedRing, ring_slots
 

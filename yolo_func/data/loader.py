@@ -790,8 +790,9 @@ class ValLoader:
         a ring of buffers shared with this process (page-locked on a GPU,
         :mod:`yolo_func.data.shared_ring`) and each batch is copied to ``device`` from its buffer:
         no per-batch shared-memory segment and no pinning copy on the way. The ring holds
-        ``2 * workers + 2`` of the largest batch (``batch_size * H * W * 3`` bytes each: 18 x 39
-        MB for 8 workers at 640).
+        ``min(2 * workers + 2, batches)`` of the largest batch (``batch_size * H * W * 3`` bytes
+        each: 18 x 39 MB for 8 workers at 640), page-locked once per loader (a fixed cost of
+        about a tenth of a second: short validations read faster with threads).
       shard: ``(rank, world_size)``: iterate only the rect batches ``b`` with ``b % world_size ==
         rank`` (validation sharded over data-parallel ranks; ``len`` counts this shard's batches).
         Default ``(0, 1)``: every batch.
@@ -842,7 +843,10 @@ class ValLoader:
             # the workers letterbox into slots of one shared mapping made before they fork; each
             # batch goes to the device from its slot (shared_ring's docstring)
             H, W = (int(v) for v in self.batch_shapes.max(0))
-            self._ring = SharedRing(ring_slots(workers, prefetch), batch_size * H * W * 3)
+            # never more slots than this shard has batches: within a pass no slot is then reused,
+            # and the next pass starts only after the DataLoader drained the last one's work
+            n = len(range(self.shard[0], len(self.batch_shapes), self.shard[1]))
+            self._ring = SharedRing(max(1, min(ring_slots(workers, prefetch), n)), batch_size * H * W * 3)
         self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size,
                                    pin_memory=self.pin_memory and backend == "threads", ring=self._ring)
         if self._ring is not None:

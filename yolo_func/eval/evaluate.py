@@ -168,10 +168,10 @@ def dataset_categories(dataset: Any) -> tuple[Any, list[int]]:
 # crossover is ~40 batches (benchmarks/results/diag_eval_host_detect_*_20261206T06*.log).
 PROCESS_LOADER_MIN_BATCHES = 48
 # worker processes beside a GPU write into a shared page-locked ring and the loader copies each
-# batch to the GPU from there (ValLoader(device=...)); False: the DataLoader's own shared-memory
-# tensors and pinning thread. Off by default until measured on a GPU (YOLO_FUNC_VAL_RING=1 turns
-# it on; benchmarks/diag_eval_host.py compares the two).
-PROCESS_LOADER_RING = os.environ.get("YOLO_FUNC_VAL_RING", "0") == "1"
+# batch to the GPU from there (ValLoader(device=...)); False (YOLO_FUNC_VAL_RING=0): the
+# DataLoader's own shared-memory tensors and pinning thread. Measured on an H100, 2048 images, 8
+# workers: 1390 vs 1210 images/s (benchmarks/results/diag_eval_host_ring_20261206T2303.log).
+PROCESS_LOADER_RING = os.environ.get("YOLO_FUNC_VAL_RING", "1") != "0"
 
 
 def _images_to(images: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -612,7 +612,9 @@ def evaluate(
         (2048 images on an H100: 723-1030 images/s with 8 threads, 958-1134 with 8 processes, 1963
         with the batches read beforehand; ``benchmarks/diag_eval_host.py``); a process costs a
         fork, which a short validation cannot amortise (512 images: 1036 with threads, 767 with
-        processes). The same batches and numbers either way.
+        processes). On a GPU the processes write into a shared page-locked ring of batch buffers
+        (:mod:`yolo_func.data.shared_ring`; 2048 images on an H100: 1390 images/s against 1210
+        without it; ``YOLO_FUNC_VAL_RING=0`` turns it off). The same batches and numbers either way.
 
     Returns:
       ``{"bbox": {AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100}, ["segm": {...},] ["keypoints":
