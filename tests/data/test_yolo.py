@@ -148,6 +148,20 @@ def test_merged_parts_rasterise_to_their_union(parts):
     np.testing.assert_array_equal(merged, union)
 
 
+def test_merged_parts_hook_each_part_at_its_nearest_vertex_by_hand():
+    base = np.array([[0, 0], [10, 0], [10, 10], [0, 10]], np.float64)
+    a = np.array([[12, 1], [14, 1], [14, 3]], np.float64)  # nearest: a[0] to base[1]
+    b = np.array([[-3, 11], [-2, 12], [-4, 12]], np.float64)  # nearest: b[1] to base[3]
+    want = [[0, 0], [10, 0], [12, 1], [14, 1], [14, 3], [12, 1], [10, 0], [10, 10], [0, 10],
+            [-2, 12], [-4, 12], [-3, 11], [-2, 12], [0, 10]]
+    np.testing.assert_array_equal(merge_polygon_parts([base, a, b]), want)
+    np.testing.assert_array_equal(merge_polygon_parts([base, b, a]), want)  # in base order, whatever the parts' order
+    one = merge_polygon_parts([base])  # one part: itself, as a new array
+    np.testing.assert_array_equal(one, base)
+    one[0] = 99
+    assert base[0, 0] == 0
+
+
 def test_label_path_replaces_the_last_images_folder():
     assert label_path(Path("/d/images/train/images/x.jpg")) == Path("/d/images/train/labels/x.txt")
     assert label_path(Path("/d/images/val/sub/y.png")) == Path("/d/labels/val/sub/y.txt")

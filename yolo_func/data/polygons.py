@@ -45,12 +45,17 @@ def merge_polygon_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
         i, j = np.unravel_index(int(np.argmin(d)), d.shape)
         loop = np.concatenate([np.roll(part, -j, axis=0), part[j:j + 1]])
         hooks.setdefault(int(i), []).append(loop)
-    out = []
-    for i, v in enumerate(base):
-        out.append(v[None])
-        for loop in hooks.get(i, []):
+    if not hooks and len(base):  # one part (most instances): the path is the part itself
+        return base.copy()
+    # the base's vertices in order; after vertex i, each part hooked there and back to vertex i
+    out, start = [], 0
+    for i in sorted(hooks):
+        out.append(base[start:i + 1])
+        for loop in hooks[i]:
             out.append(loop)
-            out.append(v[None])
+            out.append(base[i:i + 1])
+        start = i + 1
+    out.append(base[start:])
     return np.concatenate(out)
 
 
