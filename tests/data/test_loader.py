@@ -402,6 +402,17 @@ def test_ring_of_fewer_slots_than_in_flight_batches_when_the_loader_has_few_batc
         _assert_val_batches_equal(list(loader), want)
 
 
+def test_ring_val_loader_leaves_pinning_to_the_ring(monkeypatch):
+    # beside a GPU (pin_memory's default True) the ring is the page-locked memory: the DataLoader
+    # must not start its own pinning thread for the ring's small wire batches
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ds = ellipse_dataset(6, "detect")
+    ring = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device="cpu")
+    plain = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes")
+    assert ring.pin_memory and ring._loader.pin_memory is False
+    assert plain._loader.pin_memory is True
+
+
 def test_shared_ring_views_rotation_and_bounds():
     from yolo_func.data.shared_ring import SharedRing, ring_slots
 

@@ -856,7 +856,7 @@ class ValLoader:
         self._loader = None
         if backend == "processes":
             self._loader = _dataloader(self._batches, self._sampler, workers=workers,
-                                       pin_memory=pin_memory and self._ring is None, prefetch_factor=prefetch,
+                                       pin_memory=self.pin_memory and self._ring is None, prefetch_factor=prefetch,
                                        persistent_workers=workers > 0)
 
     def _shape(self, index: int, image_size: int) -> tuple[int, int]:
