@@ -229,15 +229,22 @@ def test_pinned_val_batches_are_letterboxed_into_page_locked_buffers():
         _assert_val_batches_equal(pinned, plain)
 
 
+def _main_process_and_ring(ds, device: str) -> tuple[list, ValLoader]:
+    """The batches of ``ds`` read in the main process, and a shared-ring loader (2 workers) of the
+    same data delivering to ``device`` (batch 2 at 64 px, warnings of bad files silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = list(ValLoader(ds, batch_size=2, image_size=64, workers=0, pin_memory=False))
+        return want, ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device=device)
+
+
 @pytest.mark.cuda
 def test_ring_val_batches_arrive_on_the_gpu_from_a_page_locked_ring_unchanged():
     # worker processes letterbox into the shared ring, page-locked after they fork; each batch is
     # copied to the GPU asynchronously from its slot, and the slots rotate several times a pass
-    ds = ellipse_dataset(31, "pose", keypoints=5, bad=(6,))
+    plain, loader = _main_process_and_ring(ellipse_dataset(31, "pose", keypoints=5, bad=(6,)), "cuda")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plain = list(ValLoader(ds, batch_size=2, image_size=64, workers=0, pin_memory=False))
-        loader = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device="cuda")
         for _ in range(2):
             got = list(loader)
             assert loader._ring.pinned and loader._ring.flat.is_pinned()  # else the copies are synchronous
@@ -372,11 +379,9 @@ def test_letterbox_into_a_given_array_fills_every_pixel():
 def test_ring_val_loader_keeps_every_batch_through_many_slot_rotations_and_an_abandoned_pass():
     # 2 workers: 6 slots for 13 batches, so every slot is written more than twice per pass; a pass
     # left after two batches (work still in flight in the workers) must not leak into the next one
-    ds = ellipse_dataset(25, "pose", keypoints=5, bad=(4,))
+    want, loader = _main_process_and_ring(ellipse_dataset(25, "pose", keypoints=5, bad=(4,)), "cpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want = list(ValLoader(ds, batch_size=2, image_size=64, workers=0, pin_memory=False))
-        loader = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device="cpu")
         assert loader._ring.slots == 6 < len(loader) == 13
         it = iter(loader)
         early = [next(it), next(it)]
@@ -390,9 +395,7 @@ def test_ring_val_loader_keeps_every_batch_through_many_slot_rotations_and_an_ab
 
 def test_ring_of_fewer_slots_than_in_flight_batches_when_the_loader_has_few_batches():
     # 3 batches, 2 workers: 3 slots (not 6); passes one after another, one left early, stay right
-    ds = ellipse_dataset(6, "detect")
-    want = list(ValLoader(ds, batch_size=2, image_size=64, workers=0, pin_memory=False))
-    loader = ValLoader(ds, batch_size=2, image_size=64, workers=2, backend="processes", device="cpu")
+    want, loader = _main_process_and_ring(ellipse_dataset(6, "detect"), "cpu")
     assert loader._ring.slots == len(loader) == 3
     _assert_val_batches_equal(list(loader), want)
     it = iter(loader)

@@ -215,7 +215,30 @@ class _TrainBatches:
         return len(self.source.dataset) // (self.batch_size * self.world_size)
 
 
-class _WireBatch:
+class _Wire:
+    """Pickles a wire object's slots as one tuple; carries a :class:`Targets`' small arrays as numpy
+    (inline in the pickle, no shared-memory segment per tensor) and rebuilds it over them."""
+
+    __slots__ = ()
+
+    def __getstate__(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __setstate__(self, state) -> None:
+        for k, v in zip(self.__slots__, state):
+            setattr(self, k, v)
+
+    def _wire_targets(self, t: Targets) -> None:
+        self.boxes, self.classes, self.valid = t.boxes.numpy(), t.classes.numpy(), t.valid.numpy()
+        self.keypoints = None if t.keypoints is None else t.keypoints.numpy()
+
+    def _targets(self, masks: torch.Tensor | None) -> Targets:
+        kp = None if self.keypoints is None else torch.from_numpy(self.keypoints)
+        return Targets(torch.from_numpy(self.boxes), torch.from_numpy(self.classes), torch.from_numpy(self.valid),
+                       masks, kp)
+
+
+class _WireBatch(_Wire):
     """A :class:`Batch` on its way from a loader worker to the main process.
 
     The images (and a segment batch's overlap masks) are shared-memory tensors already (collate's
@@ -233,23 +256,12 @@ class _WireBatch:
     __slots__ = ("images", "masks", "boxes", "classes", "valid", "keypoints")
 
     def __init__(self, batch: Batch):
-        t = batch.targets
-        self.images, self.masks = batch.images, t.masks
-        self.boxes, self.classes, self.valid = t.boxes.numpy(), t.classes.numpy(), t.valid.numpy()
-        self.keypoints = None if t.keypoints is None else t.keypoints.numpy()
-
-    def __getstate__(self):
-        return tuple(getattr(self, k) for k in self.__slots__)
-
-    def __setstate__(self, state) -> None:
-        for k, v in zip(self.__slots__, state):
-            setattr(self, k, v)
+        self.images, self.masks = batch.images, batch.targets.masks
+        self._wire_targets(batch.targets)
 
     def unwire(self) -> Batch:
         """The batch: uint8 images as sent, targets as tensors over the received arrays (no copy)."""
-        kp = None if self.keypoints is None else torch.from_numpy(self.keypoints)
-        return Batch(self.images, Targets(torch.from_numpy(self.boxes), torch.from_numpy(self.classes),
-                                          torch.from_numpy(self.valid), self.masks, kp))
+        return Batch(self.images, self._targets(self.masks))
 
     def pin_memory(self, device: Any = None) -> Batch:
         """The batch in page-locked memory (called by the DataLoader's pin-memory thread), so that
@@ -295,17 +307,20 @@ class _EpochSampler(Sampler):
         return len(range(rank, self.n_batches, world))
 
 
-class _RingSampler(_EpochSampler):
-    """``(epoch, b, slot)``: :class:`_EpochSampler`'s keys with the ring slot each batch is written
-    into, claimed in the main process when the DataLoader hands the key to a worker."""
+class _RingSampler(Sampler):
+    """``(epoch, b, slot)``: the keys of ``keys`` (an :class:`_EpochSampler`) with the ring slot
+    each batch is written into, claimed in the main process when the DataLoader hands the key to a
+    worker."""
 
-    def __init__(self, epoch: _Epoch, n_batches: int, ring: SharedRing, shard: tuple[int, int] = (0, 1)):
-        super().__init__(epoch, n_batches, shard=shard)
-        self.ring = ring
+    def __init__(self, keys: _EpochSampler, ring: SharedRing):
+        self.keys, self.ring = keys, ring
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
-        for e, b in super().__iter__():
+        for e, b in self.keys:
             yield e, b, self.ring.claim()
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 def _dataloader(source: Any, sampler: Sampler, *, workers: int, pin_memory: bool | None, prefetch_factor: int,
@@ -588,7 +603,7 @@ def val_batch_shapes(shapes: np.ndarray, batch_size: int, image_size: int, *, st
     return order, out
 
 
-class _WireValBatch:
+class _WireValBatch(_Wire):
     """A :class:`ValBatch` on its way from a worker process whose images are in a
     :class:`~yolo_func.data.shared_ring.SharedRing` slot: the slot and the images' shape instead
     of the pixels, every other field as numpy arrays inline in the pickle (no shared-memory
@@ -598,27 +613,16 @@ class _WireValBatch:
                  "orig_shapes", "gains", "pads")
 
     def __init__(self, batch: ValBatch, slot: int):
-        t = batch.targets
         self.slot, self.shape = slot, tuple(batch.images.permute(0, 2, 3, 1).shape)
-        self.boxes, self.classes, self.valid = t.boxes.numpy(), t.classes.numpy(), t.valid.numpy()
-        self.keypoints = None if t.keypoints is None else t.keypoints.numpy()
+        self._wire_targets(batch.targets)
         self.image_ids, self.file_names = batch.image_ids.numpy(), batch.file_names
         self.orig_shapes, self.gains, self.pads = batch.orig_shapes.numpy(), batch.gains.numpy(), batch.pads.numpy()
-
-    def __getstate__(self):
-        return tuple(getattr(self, k) for k in self.__slots__)
-
-    def __setstate__(self, state) -> None:
-        for k, v in zip(self.__slots__, state):
-            setattr(self, k, v)
 
     def unwire(self, ring: SharedRing, device: torch.device) -> ValBatch:
         """The batch, its images copied from the ring slot to ``device`` (NCHW, channels-last strides)."""
         images = ring.to_device(self.slot, ring.view(self.slot, self.shape).permute(0, 3, 1, 2), device)
-        kp = None if self.keypoints is None else torch.from_numpy(self.keypoints)
-        t = Targets(torch.from_numpy(self.boxes), torch.from_numpy(self.classes), torch.from_numpy(self.valid), None, kp)
-        return ValBatch(images, t, torch.from_numpy(self.image_ids), self.file_names, torch.from_numpy(self.orig_shapes),
-                        torch.from_numpy(self.gains), torch.from_numpy(self.pads))
+        return ValBatch(images, self._targets(None), torch.from_numpy(self.image_ids), self.file_names,
+                        torch.from_numpy(self.orig_shapes), torch.from_numpy(self.gains), torch.from_numpy(self.pads))
 
 
 class _ValBatches:
@@ -837,22 +841,19 @@ class ValLoader:
         self.skipped: dict[int, str] = {}
         _report(self.skipped, self._source.errors)
         self.device = None if device is None else torch.device(device)
+        keys = _EpochSampler(_Epoch(), len(self.batch_shapes), shard=self.shard)
         self._ring: SharedRing | None = None
         prefetch = 2
-        if backend == "processes" and workers > 0 and self.device is not None and len(self.batch_shapes):
+        if backend == "processes" and workers > 0 and self.device is not None and len(keys):
             # the workers letterbox into slots of one shared mapping made before they fork; each
-            # batch goes to the device from its slot (shared_ring's docstring)
+            # batch goes to the device from its slot (shared_ring's docstring). Never more slots
+            # than this shard has batches: within a pass no slot is then reused, and the next pass
+            # starts only after the DataLoader drained the last one's work.
             H, W = (int(v) for v in self.batch_shapes.max(0))
-            # never more slots than this shard has batches: within a pass no slot is then reused,
-            # and the next pass starts only after the DataLoader drained the last one's work
-            n = len(range(self.shard[0], len(self.batch_shapes), self.shard[1]))
-            self._ring = SharedRing(max(1, min(ring_slots(workers, prefetch), n)), batch_size * H * W * 3)
+            self._ring = SharedRing(min(ring_slots(workers, prefetch), len(keys)), batch_size * H * W * 3)
         self._batches = _ValBatches(self._source, self.order, self.batch_shapes, batch_size,
                                    pin_memory=self.pin_memory and backend == "threads", ring=self._ring)
-        if self._ring is not None:
-            self._sampler = _RingSampler(_Epoch(), len(self._batches), self._ring, shard=self.shard)
-        else:
-            self._sampler = _EpochSampler(_Epoch(), len(self._batches), shard=self.shard)
+        self._sampler = keys if self._ring is None else _RingSampler(keys, self._ring)
         self._loader = None
         if backend == "processes":
             self._loader = _dataloader(self._batches, self._sampler, workers=workers,

@@ -16,6 +16,7 @@ never blocks in practice, and a worker never writes into a slot whose batch has 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 from typing import Any
@@ -112,7 +113,5 @@ class SharedRing:
             self.pinned = False
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: CUDA may be gone already
             self.close()
-        except Exception:  # noqa: BLE001 -- interpreter shutdown: CUDA may be gone already
-            pass
