@@ -416,6 +416,11 @@ def test_ring_val_loader_leaves_pinning_to_the_ring(monkeypatch):
     assert plain._loader.pin_memory is True
 
 
+def test_val_loader_names_a_bad_device():
+    with pytest.raises(ValueError, match=r"ValLoader: device must be a torch device .* got 'cdua'"):
+        ValLoader(ellipse_dataset(2, "detect"), batch_size=2, image_size=64, workers=0, device="cdua")
+
+
 def test_shared_ring_views_rotation_and_bounds():
     from yolo_func.data.shared_ring import SharedRing, ring_slots
 

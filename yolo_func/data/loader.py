@@ -840,7 +840,11 @@ class ValLoader:
         self.order, self.batch_shapes = val_batch_shapes(shapes, batch_size, image_size, stride=stride, pad=pad)
         self.skipped: dict[int, str] = {}
         _report(self.skipped, self._source.errors)
-        self.device = None if device is None else torch.device(device)
+        try:
+            self.device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"[yolo_func] ValLoader: device must be a torch device such as 'cuda' or 'cpu', "
+                             f"got {device!r}") from e
         keys = _EpochSampler(_Epoch(), len(self.batch_shapes), shard=self.shard)
         self._ring: SharedRing | None = None
         prefetch = 2
