@@ -128,21 +128,35 @@ def test_checkpoints_of_another_task_or_model_are_refused(tmp_path, real_state):
 
 
 def test_a_kill_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path):
-    """SIGKILL a child that writes a ~16 MB checkpoint in a loop, at random points, 4 times."""
+    """SIGKILL a child that writes a ~16 MB checkpoint in a loop, 4 times: twice at a random
+    moment (any phase of the loop), twice the moment a temporary file is seen (inside a write).
+
+    The targeted kills make the test exercise atomicity on any machine: with random moments alone,
+    a fast disk can leave every kill outside a write (that flaked on CI).
+    """
     ctx = mp.get_context("fork")  # the child inherits torch: no 2-second import per kill
     run_path = tmp_path / "run"
     rng = random.Random(0)
     interrupted = 0
+
+    def writing() -> bool:
+        return any(p.name.endswith(".tmp") for p in (run_path / "weights").iterdir())
+
     for round_ in range(4):
         ready = ctx.Event()
         child = ctx.Process(target=_write_forever, args=(str(run_path), 100 * round_, ready))
         child.start()
         assert ready.wait(30), "the writer never finished its first checkpoint"
-        time.sleep(rng.uniform(0.0, 0.4))
+        if round_ % 2:
+            deadline = time.monotonic() + 30
+            while not writing():
+                assert time.monotonic() < deadline, "the writer never started another write"
+        else:
+            time.sleep(rng.uniform(0.0, 0.4))
         os.kill(child.pid, signal.SIGKILL)
         child.join(10)
         assert child.exitcode == -signal.SIGKILL
-        interrupted += any(p.name.endswith(".tmp") for p in (run_path / "weights").iterdir())
+        interrupted += writing()
         run = RunDir(run_path, task="detect")  # cleans the interrupted write's temporary file
         assert not any(p.name.endswith(".tmp") for p in run.weights.iterdir())
         ck = run.load_last(_small_state(0.0, _BIG))
