@@ -47,18 +47,23 @@ from yolo_func import yolov8  # noqa: E402
 from yolo_func.optim import ema  # noqa: E402
 from yolo_func.testing import count_aten_ops  # noqa: E402
 from yolo_func.testing.synthetic import synthetic_batch  # noqa: E402
+from yolo_func.structures import Batch  # noqa: E402
 from yolo_func.train import init_train_state, train_step, yolo_sgd  # noqa: E402
 from yolo_func.train.step import finish_step, heads_backward, network_vjp  # noqa: E402
 
 
-def build(task: str, batch: int, size: int, device: str):
-    """(model, tx, ema, TrainState, Batch) for one eager step."""
+def build(task: str, batch: int, size: int, device: str, channels_last: bool | None = None):
+    """(model, tx, ema, TrainState, Batch) for one eager step; ``channels_last`` lays the 4-D
+    params and the images out NHWC (None: the library's default for ``device``)."""
     model = yolov8("n", task=task)
     opt = yolo_sgd(batch_size=batch, batches_per_epoch=1000, epochs=100)
     e = ema()
-    ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), device=device, ema=e)
+    ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), device=device, ema=e,
+                          channels_last=channels_last)
     b = synthetic_batch(task, batch, size, num_classes=model.num_classes, max_boxes=8, min_boxes=2, seed=1,
                         device=device)
+    if ts.params["network"]["backbone"]["stem"]["conv"]["weight"].is_contiguous(memory_format=torch.channels_last):
+        b = Batch(b.images.contiguous(memory_format=torch.channels_last), b.targets)
     return model, opt.tx, e, ts, b
 
 
@@ -95,10 +100,22 @@ def main() -> int:
     ap.add_argument("--bf16", action="store_true", help="BF16 autocast (as benchmarks/step.py's eager variant)")
     ap.add_argument("--reference", action="store_true",
                     help="with --time: also time the reference's eager step (benchmarks/step.py's ref_nchw), alternating")
+    ap.add_argument("--layouts", nargs="+", choices=("nchw", "nhwc", "loader"), default=["nchw"],
+                    help="with --time: memory layouts timed, alternating: nchw / nhwc = params and images both "
+                         "contiguous / both channels_last (ours and each reference variant); loader = each "
+                         "trainer's own: ours with the library's default params and the channels_last images its "
+                         "TrainLoader collates, the reference's NCHW (its loader's stacked batches are contiguous)")
     ap.add_argument("--reference-trainer", action="store_true",
                     help="with --time: also time the reference step plus its trainer's gradient clipping (max norm "
                          "10) and EMA update (REFERENCE.md §4.3-4.4), alternating")
+    ap.add_argument("--keep-freed-host-memory", action="store_true",
+                    help="call yolo_func.train.host_memory.keep_freed_host_memory() first, as the fit does on the "
+                         "CPU (a process setting: the reference's steps in this process get it too)")
     args = ap.parse_args()
+    if args.keep_freed_host_memory:
+        from yolo_func.train.host_memory import keep_freed_host_memory
+
+        print(f"keep_freed_host_memory: {keep_freed_host_memory()}")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tx, e, ts, b = build(args.task, args.batch, args.size, args.device)
@@ -115,16 +132,39 @@ def main() -> int:
     for op, n in collections.Counter(total.by_op).most_common(args.top) if args.top else []:
         print(f"  {n:6d}  {op}")
     if args.time:
-        refs = {}
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        runs = {}
+        default_cl = b.images.is_contiguous(memory_format=torch.channels_last) and b.images.shape[1] > 1
+        for layout in args.layouts:
+            cl = layout == "nhwc"
+            sfx = {"nchw": "", "nhwc": " nhwc", "loader": " loader"}[layout]
+            if layout == "loader":  # the library's default params, the images as TrainLoader collates them
+                m_, tx_, e_, ts_, b_ = build(args.task, args.batch, args.size, args.device)
+                b_ = Batch(b_.images.contiguous(memory_format=torch.channels_last), b_.targets)
+            else:
+                m_, tx_, e_, ts_, b_ = ((model, tx, e, ts, b) if cl == default_cl
+                                        else build(args.task, args.batch, args.size, args.device, channels_last=cl))
+            state = {"ts": ts_}
+
+            def ours(state=state, m_=m_, tx_=tx_, e_=e_, b_=b_):
+                state["ts"], _ = train_step(state["ts"], b_, model=m_, tx=tx_, ema=e_, autocast_dtype=ac)
+
+            ours()  # warm-up (a fresh state's first step)
+            runs["ours" + sfx] = ours
+        refs = []
         if args.reference or args.reference_trainer:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
             from step import _reference  # noqa: E402  (benchmarks/step.py)
 
             kw = dict(device=args.device, size=args.size, autocast_dtype=ac, max_boxes=8, min_boxes=2)
-            if args.reference:
-                refs["reference"] = _reference(args.task, args.batch, False, **kw)
-            if args.reference_trainer:
-                refs["ref+clip+ema"] = _reference(args.task, args.batch, False, trainer=True, **kw)
+            for layout in dict.fromkeys("nchw" if x == "loader" else x for x in args.layouts):
+                cl = layout == "nhwc"
+                sfx = " nhwc" if cl else ""
+                if args.reference:
+                    runs["reference" + sfx] = _reference(args.task, args.batch, cl, **kw)
+                    refs.append("reference" + sfx)
+                if args.reference_trainer:
+                    runs["ref+clip+ema" + sfx] = _reference(args.task, args.batch, cl, trainer=True, **kw)
+                    refs.append("ref+clip+ema" + sfx)
         sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
         def timed(fn):
@@ -134,25 +174,21 @@ def main() -> int:
             sync()
             return time.perf_counter() - t0
 
-        state = {"ts": ts}
-
-        def ours():
-            state["ts"], _ = train_step(state["ts"], b, model=model, tx=tx, ema=e, autocast_dtype=ac)
-
-        runs = {"ours": ours, **refs}
         times = {name: [] for name in runs}
         for _ in range(args.repeats + 1):  # the first of each is a warm-up
             for name, fn in runs.items():  # alternating step by step
                 times[name].append(timed(fn))
         times = {name: t[1:] for name, t in times.items()}
         print(f"\nstep time over {args.repeats} steps ({torch.get_num_threads()} threads"
-              f"{', alternating ' + ', '.join(runs) if refs else ''}):")
+              f"{', alternating ' + ', '.join(runs) if len(runs) > 1 else ''}):")
         for name, ts_ in times.items():
-            print(f"  {name:13s} median {1000 * statistics.median(ts_):.1f} ms, min {1000 * min(ts_):.1f} ms, "
+            print(f"  {name:18s} median {1000 * statistics.median(ts_):.1f} ms, min {1000 * min(ts_):.1f} ms, "
                   f"all {[round(1000 * t, 1) for t in ts_]}")
-        for name in refs:
-            print(f"  ours / {name} (medians): {statistics.median(times['ours']) / statistics.median(times[name]):.3f}"
-                  f", (minima): {min(times['ours']) / min(times[name]):.3f}")
+        for o in [n for n in runs if n.startswith("ours")]:
+            for name in refs:
+                print(f"  {o} / {name} (medians): "
+                      f"{statistics.median(times[o]) / statistics.median(times[name]):.3f}"
+                      f", (minima): {min(times[o]) / min(times[name]):.3f}")
     return 0
 
 

@@ -223,3 +223,18 @@ def test_lean_equals_dense_on_cuda_at_640_and_under_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     assert_bitwise_equal(captured, new, targets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 40), st.integers(0, 2**31 - 1), st.booleans())
+def test_first_max_index_is_argmax_with_ties_and_nan(b, m, a, seed, nan):
+    """The CPU form (``max(1).indices``) picks the same slot as ``argmax(1)``: quantised values
+    give many ties (the first maximum wins), and a NaN counts as the maximum."""
+    from yolo_func.assign.tal import _first_max_index
+
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(b, m, a, generator=g) * 3).floor() / 3  # 4 levels: ties in most columns
+    if nan:
+        x[torch.rand(b, m, a, generator=g) < 0.05] = float("nan")
+    assert torch.equal(_first_max_index(x), x.argmax(1))
+    assert torch.equal(_first_max_index(torch.zeros(b, m, a)), torch.zeros(b, a, dtype=torch.int64))

@@ -81,9 +81,19 @@ def _select(cand: torch.Tensor, overlaps: torch.Tensor, align: torch.Tensor, top
     count = acc >> 32  # [B, A]
     # Several claims: the target of largest overlap over all targets (argmax: first maximum,
     # lowest slot on ties), even one that did not claim the anchor; one claim: that slot.
-    best = overlaps.argmax(1)  # [B, A]
+    best = _first_max_index(overlaps)  # [B, A]
     gt_idx = torch.where(count > 1, best, acc & 0xFFFFFFFF)  # 0 for unclaimed anchors
     return count > 0, gt_idx
+
+
+def _first_max_index(overlaps: torch.Tensor) -> torch.Tensor:
+    """``overlaps.argmax(1)`` for ``[B, M, A]``: the first maximum over targets (lowest slot on
+    ties; a NaN counts as the maximum). On the CPU ``max(1).indices``, which has the same
+    documented tie rule and is ~5x faster there (argmax over a strided middle axis is not
+    vectorised: 4.6 vs 0.8 ms at B=8, M=8, A=2100 on one core)."""
+    if overlaps.device.type == "cpu":
+        return overlaps.max(1).indices
+    return overlaps.argmax(1)
 
 
 def _background(pred_scores: torch.Tensor, targets: Targets, anchors: Anchors) -> Assignment:
@@ -209,9 +219,11 @@ def assign(
         tu_max = torch.zeros(B, M, 2, dtype=tu.dtype, device=tu.device).scatter_reduce(1, g2, tu, "amax")
         tu_max = tu_max.gather(1, g2)  # [B, A, 2]: (t_max, u_max) of the assigned target
         norm = tu[..., 0] * tu_max[..., 1] / (tu_max[..., 0] + eps)  # [B, A], 0 for background
-        # A comparison, not F.one_hot (which validates its input with a host sync on CUDA).
-        hit = labels[..., None] == torch.arange(K, device=labels.device)
-        target_scores = torch.where(hit, norm[..., None], zero)
+        # norm at each anchor's class, +0 elsewhere: one scatter into zeros (not F.one_hot, which
+        # validates its input with a host sync on CUDA; and not a [B, A, K] comparison + where,
+        # two full passes for the same values).
+        target_scores = torch.zeros(B, A, K, dtype=norm.dtype, device=norm.device).scatter_(
+            2, labels[..., None], norm[..., None])
     return Assignment(fg, gt_idx, target_boxes, target_scores, anchors)
 
 
