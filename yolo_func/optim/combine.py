@@ -131,24 +131,23 @@ def partition(transforms: Mapping[str, GradientTransformation], labels: Labels) 
     # resolved once per (structure, ranks) instead of walking every path on every update.
     memo: dict = {}
 
-    def resolve(tree: Any) -> tuple[list, list, Any]:
+    def resolve(tree: Any) -> tuple[list, list, Any, list]:
+        """``(paths, labels, treedef, leaves)`` of ``tree`` (its one flatten per call)."""
         leaves, treedef = T.tree_flatten(tree)
         key = (treedef, tuple(getattr(x, "ndim", -1) for x in leaves))
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = _resolve_labels(labels, tree, transforms)
-        return hit
+        return (*hit, leaves)
 
     def init(params: Any) -> PartitionState:
-        paths, lab, _ = resolve(params)
-        leaves = T.tree_leaves(params)
+        paths, lab, _, leaves = resolve(params)
         return PartitionState({k: tx.init(_split(paths, leaves, lab, k)) for k, tx in transforms.items()})
 
     def update(updates: Updates, state: PartitionState, params: Any = None, *, iteration=None,
                **unknown) -> tuple[Updates, PartitionState]:
         _reject_unknown("partition", unknown)
-        paths, lab, treedef = resolve(updates)
-        u_leaves = T.tree_leaves(updates)
+        paths, lab, treedef, u_leaves = resolve(updates)
         p_leaves = T.tree_leaves(params) if params is not None else None
         if p_leaves is not None and len(p_leaves) != len(u_leaves):
             raise ValueError("[yolo_func] partition: params and updates differ in structure:\n" + T.tree_diff(params, updates))

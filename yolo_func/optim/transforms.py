@@ -476,6 +476,11 @@ def global_norm(tree: Any) -> torch.Tensor:
     leaves = T.tree_leaves(tree)
     if not leaves:
         return torch.zeros((), device=_device_of(tree))
+    return _global_norm_of(leaves)
+
+
+def _global_norm_of(leaves: list[torch.Tensor]) -> torch.Tensor:
+    """:func:`global_norm` of a non-empty list of leaves (for callers that flattened already)."""
     norms = torch._foreach_norm(leaves, 2.0)
     norms = [n.float() if n.dtype in (torch.float16, torch.bfloat16) else n for n in norms]
     return torch.linalg.vector_norm(torch.stack(norms), 2.0)
@@ -515,7 +520,7 @@ def clip_by_global_norm(max_norm: float = 10.0) -> GradientTransformation:
         u, treedef = _flat(updates)
         if not u:
             return updates, state
-        norm = global_norm(updates)
+        norm = _global_norm_of(u)  # the leaves above: no second flatten of the tree
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         return T.tree_unflatten(treedef, torch._foreach_mul(u, coef)), ClipByGlobalNormState(norm.to(state.norm.dtype))
 
