@@ -52,14 +52,24 @@ from yolo_func.train import init_train_state, train_step, yolo_sgd  # noqa: E402
 from yolo_func.train.step import finish_step, heads_backward, network_vjp  # noqa: E402
 
 
-def build(task: str, batch: int, size: int, device: str, channels_last: bool | None = None):
+def build(task: str, batch: int, size: int, device: str, channels_last: bool | None = None, accumulate: int = 1):
     """(model, tx, ema, TrainState, Batch) for one eager step; ``channels_last`` lays the 4-D
-    params and the images out NHWC (None: the library's default for ``device``)."""
+    params and the images out NHWC (None: the library's default for ``device``).
+
+    ``accumulate`` > 1: the recipe with the nominal batch ``accumulate * batch`` and the optimizer's
+    iteration moved past the warmup (to 10,000, its last step just before), so the calls accumulate
+    ``accumulate - 1`` times and then step, as the fit does after its first epochs. 1: the first
+    iterations of the warmup, where every call steps."""
     model = yolov8("n", task=task)
-    opt = yolo_sgd(batch_size=batch, batches_per_epoch=1000, epochs=100)
+    opt = yolo_sgd(batch_size=batch, batches_per_epoch=1000, epochs=100, nbs=batch * accumulate)
     e = ema()
     ts = init_train_state(model, opt.tx, torch.Generator().manual_seed(0), device=device, ema=e,
                           channels_last=channels_last)
+    if accumulate > 1:
+        guard = ts.opt_state
+        ni = torch.full((), 10_000, dtype=torch.int64, device=guard.count.device)
+        ts = ts._replace(opt_state=guard._replace(count=ni, inner_state=guard.inner_state._replace(
+            count=ni.clone(), last_step=ni - 1)))
     b = synthetic_batch(task, batch, size, num_classes=model.num_classes, max_boxes=8, min_boxes=2, seed=1,
                         device=device)
     if ts.params["network"]["backbone"]["stem"]["conv"]["weight"].is_contiguous(memory_format=torch.channels_last):
@@ -108,6 +118,10 @@ def main() -> int:
     ap.add_argument("--reference-trainer", action="store_true",
                     help="with --time: also time the reference step plus its trainer's gradient clipping (max norm "
                          "10) and EMA update (REFERENCE.md §4.3-4.4), alternating")
+    ap.add_argument("--accumulate", type=int, default=1,
+                    help="with --time: step the optimizer every N calls (ours: the recipe past its warmup with the "
+                         "nominal batch N * batch; the reference: backward every call, clip + step + EMA every N-th, "
+                         "as its trainer); times are per call, over whole cycles")
     ap.add_argument("--keep-freed-host-memory", action="store_true",
                     help="call yolo_func.train.host_memory.keep_freed_host_memory() first, as the fit does on the "
                          "CPU (a process setting: the reference's steps in this process get it too)")
@@ -139,11 +153,12 @@ def main() -> int:
             cl = layout == "nhwc"
             sfx = {"nchw": "", "nhwc": " nhwc", "loader": " loader"}[layout]
             if layout == "loader":  # the library's default params, the images as TrainLoader collates them
-                m_, tx_, e_, ts_, b_ = build(args.task, args.batch, args.size, args.device)
+                m_, tx_, e_, ts_, b_ = build(args.task, args.batch, args.size, args.device, accumulate=args.accumulate)
                 b_ = Batch(b_.images.contiguous(memory_format=torch.channels_last), b_.targets)
             else:
-                m_, tx_, e_, ts_, b_ = ((model, tx, e, ts, b) if cl == default_cl
-                                        else build(args.task, args.batch, args.size, args.device, channels_last=cl))
+                m_, tx_, e_, ts_, b_ = ((model, tx, e, ts, b) if cl == default_cl and args.accumulate == 1
+                                        else build(args.task, args.batch, args.size, args.device, channels_last=cl,
+                                                   accumulate=args.accumulate))
             state = {"ts": ts_}
 
             def ours(state=state, m_=m_, tx_=tx_, e_=e_, b_=b_):
@@ -155,7 +170,8 @@ def main() -> int:
         if args.reference or args.reference_trainer:
             from step import _reference  # noqa: E402  (benchmarks/step.py)
 
-            kw = dict(device=args.device, size=args.size, autocast_dtype=ac, max_boxes=8, min_boxes=2)
+            kw = dict(device=args.device, size=args.size, autocast_dtype=ac, max_boxes=8, min_boxes=2,
+                      accumulate=args.accumulate)
             for layout in dict.fromkeys("nchw" if x == "loader" else x for x in args.layouts):
                 cl = layout == "nhwc"
                 sfx = " nhwc" if cl else ""
@@ -175,10 +191,13 @@ def main() -> int:
             return time.perf_counter() - t0
 
         times = {name: [] for name in runs}
+        k = max(1, args.accumulate)
         for _ in range(args.repeats + 1):  # the first of each is a warm-up
-            for name, fn in runs.items():  # alternating step by step
-                times[name].append(timed(fn))
+            for name, fn in runs.items():  # alternating step by step (a whole accumulation cycle each)
+                times[name].append(sum(timed(fn) for _ in range(k)) / k)
         times = {name: t[1:] for name, t in times.items()}
+        if k > 1:
+            print(f"\n(times per call, each the mean over a cycle of {k} calls: {k - 1} accumulating, one stepping)")
         print(f"\nstep time over {args.repeats} steps ({torch.get_num_threads()} threads"
               f"{', alternating ' + ', '.join(runs) if len(runs) > 1 else ''}):")
         for name, ts_ in times.items():

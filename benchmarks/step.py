@@ -124,7 +124,7 @@ def _floor(task, batch, compiled=None):
 
 
 def _reference(task, batch, channels_last, *, device="cuda", size=640, autocast_dtype=torch.bfloat16,
-               max_boxes=16, min_boxes=4, trainer=False):
+               max_boxes=16, min_boxes=4, trainer=False, accumulate=1):
     """The reference's eager step as a ``run()`` closure: its model from the yaml, its criterion on a
     batch dict (public API only), ``loss.sum().backward()``, ``torch.optim.SGD`` (Nesterov) step,
     ``zero_grad``. ``device="cpu"`` and ``autocast_dtype=None`` give the CPU float32 step
@@ -136,7 +136,10 @@ def _reference(task, batch, channels_last, *, device="cuda", size=640, autocast_
     ``zero_grad``, then an EMA update of every floating-point ``state_dict()`` entry (parameters and
     BN running statistics, not ``num_batches_tracked``): ``d = 0.9999 * (1 - exp(-u / 2000))`` with
     ``u`` the updates including this one, ``ema.lerp_(model, 1 - d)`` (= ``ema + (1 - d)(model -
-    ema)``), one in-place op per entry. No GradScaler (float32; the benchmark is the CPU step)."""
+    ema)``), one in-place op per entry. No GradScaler (float32; the benchmark is the CPU step).
+
+    ``accumulate`` > 1: the backward every call (gradients add up in ``.grad``), the clip, step,
+    ``zero_grad`` and EMA every ``accumulate``-th call, as the reference's trainer does (§4.3)."""
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_CONFIG_DIR", "/tmp/ycfg")
     from ultralytics.cfg import get_cfg
@@ -173,12 +176,16 @@ def _reference(task, batch, channels_last, *, device="cuda", size=640, autocast_
     params = [p for p in ref.parameters() if p.requires_grad]
     ema_sd = {k: v.detach().clone() for k, v in ref.state_dict().items() if v.dtype.is_floating_point}
     updates = [0]
+    calls = [0]
 
     def run():
         with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             preds = ref(images)
             loss, _ = crit(preds, flat)
         loss.sum().backward()
+        calls[0] += 1
+        if calls[0] % accumulate:
+            return  # accumulating: the gradients stay in .grad
         if trainer:
             torch.nn.utils.clip_grad_norm_(params, max_norm=10.0)
         opt.step()

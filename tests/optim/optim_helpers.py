@@ -48,9 +48,19 @@ def ref_lf(e: float, lrf: float, epochs: int, cos: bool) -> float:
 
 def yolo_recipe():
     """The YOLOv8 SGD recipe at toy size: warmup-varying accumulation, clip 10, three groups."""
-    from yolo_func.optim import chain, clip_by_global_norm, multi_steps, partition, sgd, yolo_param_labels, yolo_schedules
+    from yolo_func.optim import multi_steps, yolo_schedules
 
     s = yolo_schedules(0.01, 0.01, epochs=3, batches_per_epoch=4, nominal_accumulate=2)
+    return multi_steps(yolo_recipe_inner(s), every=s.accumulate)
+
+
+def yolo_recipe_inner(s=None):
+    """The recipe's inner transform (what ``multi_steps`` wraps): clip 10, then three groups of
+    Nesterov SGD on the schedules ``s`` (the toy schedules of :func:`yolo_recipe` by default)."""
+    from yolo_func.optim import chain, clip_by_global_norm, partition, sgd, yolo_param_labels, yolo_schedules
+
+    if s is None:
+        s = yolo_schedules(0.01, 0.01, epochs=3, batches_per_epoch=4, nominal_accumulate=2)
     inner = partition(
         {
             "decay": sgd(s.lr["decay"], momentum=s.momentum, nesterov=True, weight_decay=5e-4),
@@ -59,4 +69,4 @@ def yolo_recipe():
         },
         yolo_param_labels,
     )
-    return multi_steps(chain(clip_by_global_norm(10.0), inner), every=s.accumulate)
+    return chain(clip_by_global_norm(10.0), inner)

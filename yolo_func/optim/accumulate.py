@@ -6,8 +6,12 @@ The reference (REFERENCE.md §4.3, trap T12) sums the gradients of consecutive m
 pure transform: every call adds the micro-batch gradient into its own buffers, runs the inner
 transform on the sum, and keeps its result only when the call steps, selected on the device (no
 host branch), so the whole thing can sit inside a captured training step. On a plain CPU tensor in
-eager mode the ``stepped`` flag is read on the host (:func:`yolo_func.optim.base.host_flag`) to skip
-the passes that are exact copies (``x * 1``); the results are the same bits.
+eager mode the ``stepped`` flag is read on the host (:func:`yolo_func.optim.base.host_flag`): a
+stepping call skips the ``x * 1`` passes and keeps the inner state whole, and an accumulating call
+does not run the inner transform at all (its results would all be selected away), which is what
+the reference does between its optimizer steps. The host path selects exactly (``torch.where``);
+the device form's arithmetic select has the same values (it can differ only in the sign of a zero
+and where the discarded branch holds a NaN or an infinity).
 """
 
 from __future__ import annotations
@@ -130,22 +134,32 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
         # Fresh tensors: the caller's gradient buffers are never aliased or written.
         acc = torch._foreach_add(acc_old, g) if g else []
         stepped = (ni - state.last_step) >= every_at(ni)
-        inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, iteration=ni)
-        u_leaves, u_def = T.tree_flatten(inner_u)
         known = host_flag(stepped)  # True / False on the CPU (a free read), None on a GPU
-        if u_leaves and known is not True:
-            # An exact copy when stepping (x*1), zeros otherwise (x*0), fused over the tree;
-            # skipped when the CPU read says stepping (x*1 is x).
-            u_leaves = torch._foreach_mul(u_leaves, stepped.to(u_leaves[0].dtype))
-        old_s, s_def = T.tree_flatten(state.inner_state)
-        new_s, new_def = T.tree_flatten(inner_new)
-        if s_def != new_def:
-            raise ValueError("[yolo_func] multi_steps: the inner transform changed its state structure between calls")
-        inner_state = T.tree_unflatten(s_def, _select(stepped, new_s, old_s))
-        if acc and known is not False:
-            # Reset the sum after a step (last: the inner results above may read these buffers);
-            # skipped when the CPU read says accumulating (acc*1 is acc).
-            torch._foreach_mul_(acc, (~stepped).to(acc[0].dtype))
+        if known is False:
+            # Accumulating, read on the host (CPU, eager): the inner transform's results would all
+            # be selected away, so it does not run. Its state stays as it is and the updates are
+            # zeros (what where(stepped, u, 0) gives; the device form's u * 0 has the same values).
+            inner_state = state.inner_state
+            updates = T.tree_unflatten(treedef, [torch.zeros_like(x) for x in acc])
+        else:
+            inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, iteration=ni)
+            u_leaves, u_def = T.tree_flatten(inner_u)
+            if u_leaves and known is None:
+                # An exact copy when stepping (x*1), zeros otherwise (x*0), fused over the tree.
+                u_leaves = torch._foreach_mul(u_leaves, stepped.to(u_leaves[0].dtype))
+            old_s, s_def = T.tree_flatten(state.inner_state)
+            new_s, new_def = T.tree_flatten(inner_new)
+            if s_def != new_def:
+                raise ValueError("[yolo_func] multi_steps: the inner transform changed its state structure between calls")
+            inner_state = T.tree_unflatten(s_def, _select(stepped, new_s, old_s))
+            updates = T.tree_unflatten(u_def, u_leaves)
+            if acc:
+                # Reset the sum after a step (last: the inner results above may read these buffers):
+                # zeros when the CPU read says stepping, acc * (1 - stepped) on a GPU.
+                if known:
+                    torch._foreach_zero_(acc)
+                else:
+                    torch._foreach_mul_(acc, (~stepped).to(acc[0].dtype))
         new_state = MultiStepsState(
             count=state.count + 1,
             last_step=torch.where(stepped, ni, state.last_step),
@@ -153,7 +167,7 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
             acc_grads=T.tree_unflatten(treedef, acc),
             inner_state=inner_state,
         )
-        return T.tree_unflatten(u_def, u_leaves), new_state
+        return updates, new_state
 
     return GradientTransformation(init, update)
 

@@ -301,7 +301,8 @@ def set_host_flags(on: bool) -> bool:
     """Turn the CPU fast path of :func:`host_flag` on or off (process-wide); returns the old value.
 
     Off, every select stays a device-side ``torch.where`` / multiply as on a GPU. For parity tests
-    and benchmarks: the results are the same bits either way.
+    and benchmarks: the results have the same values either way (an arithmetic select can differ
+    from an exact one only in the sign of a zero and in a NaN or infinity of the discarded branch).
     """
     global _HOST_FLAGS
     old, _HOST_FLAGS = _HOST_FLAGS, bool(on)
@@ -312,8 +313,8 @@ def host_flag(flag: torch.Tensor) -> bool | None:
     """The value of a ``bool[]`` flag when reading it costs nothing, else None.
 
     A plain CPU tensor in eager mode has no device to wait for, so a select on it can be a Python
-    branch (``where(flag, new, old)`` is ``new`` or ``old`` whole: the same bits, without a pass
-    over a model-sized buffer). Everywhere else — a GPU (a read would synchronise the host and
+    branch (``where(flag, new, old)`` is ``new`` or ``old`` whole, ``torch.where``'s exact selection,
+    without a pass over a model-sized buffer). Everywhere else — a GPU (a read would synchronise the host and
     break graph capture), meta tensors, tensor subclasses (fake tensors), ``torch.func``
     transforms, ``torch.compile`` tracing, or after :func:`set_host_flags` ``(False)`` — the
     caller keeps its device-side select.
@@ -360,13 +361,18 @@ def _select(flag: torch.Tensor, new: list[torch.Tensor], old: list[torch.Tensor]
     Float leaves: ``new * f + old * (1 - f)`` with ``f`` in {0, 1}, which is exact for finite
     values (x*1 = x, x*0 = 0, x + 0 = x) and fused over the list. Integer and bool leaves (the
     few counters) use ``torch.where``.
+
+    With the flag read on the host (:func:`host_flag`: a CPU bool in eager mode) the result is
+    ``new`` or ``old`` itself: ``torch.where``'s exact selection, no pass over the leaves. It has
+    the device form's values; the device form's arithmetic can differ from an exact select only in
+    the sign of a zero (``-0 * 1 + 0 * old`` is ``+0``) and in a NaN or infinity of the discarded
+    branch (``inf * 0`` is NaN).
     """
     if not new:
         return []
-    if host_flag(flag) is True:
-        # f = 1 read on the host (CPU): new * 1 is new exactly, so only old * 0 is added (the zero
-        # keeps its sign rule: new + old*0 is what the device form gives, -0.0 included).
-        return _select_true(new, old)
+    known = host_flag(flag)
+    if known is not None:
+        return list(new) if known else list(old)
     out: list[torch.Tensor | None] = [None] * len(new)
     f_idx = [i for i, x in enumerate(new) if x.is_floating_point()]
     o_idx = [i for i, x in enumerate(new) if not x.is_floating_point()]
@@ -383,21 +389,3 @@ def _select(flag: torch.Tensor, new: list[torch.Tensor], old: list[torch.Tensor]
         out[i] = torch.where(flag, new[i], old[i])
     return out  # type: ignore[return-value]
 
-
-def _select_true(new: list[torch.Tensor], old: list[torch.Tensor]) -> list[torch.Tensor]:
-    """:func:`_select` with the flag known true on the host: ``new + 0 * old`` for float leaves
-    (one fused ``add(new, old, alpha=0)``), ``new`` for the others.
-
-    The device form computes ``new * 1 + old * 0``. ``new * 1`` is ``new``; ``0 * old`` is an
-    exact ``±0`` (sign of ``old``) or NaN (``old`` infinite or NaN), whether it is rounded alone or
-    inside a fused multiply-add, so every result that is not NaN has the same bits (``-0.0`` vs
-    ``+0.0`` included); NaN stays NaN (its sign bit may differ; a NaN state belongs to a step the
-    non-finite guard discards). ``tests/optim/test_host_flags.py`` checks the special values.
-    """
-    out = list(new)
-    f_idx = [i for i, x in enumerate(new) if x.is_floating_point()]
-    if f_idx:
-        sel = torch._foreach_add([new[i] for i in f_idx], [old[i] for i in f_idx], alpha=0.0)
-        for i, x in zip(f_idx, sel):
-            out[i] = x
-    return out

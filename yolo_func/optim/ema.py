@@ -20,7 +20,7 @@ import torch
 
 from yolo_func import tree as T
 from yolo_func.optim import flat
-from yolo_func.optim.base import _reject_unknown, _zero_count, host_readable
+from yolo_func.optim.base import _reject_unknown, _zero_count, host_flag, host_readable
 
 __all__ = ["EmaState", "Ema", "ema", "ema_decay"]
 
@@ -114,6 +114,10 @@ def ema(decay: float = 0.9999, tau: float = 2000.0) -> Ema:
 
     def update(model: Any, state: EmaState, stepped: torch.Tensor | None = None, **unknown) -> EmaState:
         _reject_unknown("ema", unknown, ("stepped",))
+        if stepped is not None and host_flag(stepped) is False:
+            # Read on the host (CPU, eager): no step, so the average stays as it is (the device
+            # form's lerp with weight 0 has the same values) and the count does not advance.
+            return EmaState(count=state.count + stepped, ema=state.ema)
         e_leaves, treedef = T.tree_flatten(state.ema)
         m_leaves, m_def = T.tree_flatten(model)
         if m_def != treedef:

@@ -5,7 +5,7 @@ The wrapper owns the non-finite policy of the optimizer: it decides whether a ca
 old) and the updates (the inner's or zeros) with ``torch.where`` on the device, and keeps counters in its state. Static
 shapes, no host branch, no ``.item()``: it runs inside a captured training step. (On a plain CPU
 tensor in eager mode the selects read the flag on the host instead — there is no device to wait
-for — and return the chosen tree whole: the same bits, :func:`yolo_func.optim.base.host_flag`.)
+for — and return the chosen tree whole, :func:`yolo_func.optim.base.host_flag`.)
 
 On a skipped call nothing of the inner transform moves: every leaf of its state — momenta, Adam
 moments and step counts, accumulation buffers, ``multi_steps``' counters — is returned bitwise

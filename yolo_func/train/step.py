@@ -50,7 +50,7 @@ from yolo_func.losses.precision import at_least_f32
 from yolo_func.models.yolov8 import Model
 from yolo_func.nn import update_stats_in_place
 from yolo_func.optim import apply_if_finite, apply_updates, flat, global_norm
-from yolo_func.optim.base import finite_scalar
+from yolo_func.optim.base import finite_scalar, host_flag
 from yolo_func.structures.checks import check_batch
 from yolo_func.train.state import Batch, TrainState
 
@@ -350,8 +350,11 @@ def finish_step(ts: TrainState, grads: dict, new_model_state: dict, losses: Mapp
     if skip_nonfinite:
         old = ts.state if old_model_state is None else old_model_state
         new_model_state = flat.tree_where(finite, new_model_state, old)  # one kernel per flat buffer, no copy of `old`
-    params = apply(ts.params, updates)
     stepped = opt_state.stepped  # false on a skipped call and on accumulating micro-steps
+    if apply is apply_updates and host_flag(stepped) is False:
+        params = ts.params  # read on the host (CPU, eager): no step, the params stay (the updates are zeros)
+    else:
+        params = apply(ts.params, updates)
     ema_state = ts.ema
     if ema is not None:
         ema_state = ema.update({"params": params, "state": new_model_state}, ts.ema, stepped=stepped)
