@@ -122,6 +122,9 @@ def main() -> int:
                     help="with --time: step the optimizer every N calls (ours: the recipe past its warmup with the "
                          "nominal batch N * batch; the reference: backward every call, clip + step + EMA every N-th, "
                          "as its trainer); times are per call, over whole cycles")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: time.process_time (this process's CPU time: on a shared VM, less moved by the "
+                         "neighbours' load than the wall clock; CPU runs only)")
     ap.add_argument("--keep-freed-host-memory", action="store_true",
                     help="call yolo_func.train.host_memory.keep_freed_host_memory() first, as the fit does on the "
                          "CPU (a process setting: the reference's steps in this process get it too)")
@@ -183,12 +186,14 @@ def main() -> int:
                     refs.append("ref+clip+ema" + sfx)
         sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
         def timed(fn):
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             sync()
-            return time.perf_counter() - t0
+            return clock() - t0
 
         times = {name: [] for name in runs}
         k = max(1, args.accumulate)
@@ -198,7 +203,7 @@ def main() -> int:
         times = {name: t[1:] for name, t in times.items()}
         if k > 1:
             print(f"\n(times per call, each the mean over a cycle of {k} calls: {k - 1} accumulating, one stepping)")
-        print(f"\nstep time over {args.repeats} steps ({torch.get_num_threads()} threads"
+        print(f"\nstep {'CPU ' if args.clock == 'cpu' else ''}time over {args.repeats} steps ({torch.get_num_threads()} threads"
               f"{', alternating ' + ', '.join(runs) if len(runs) > 1 else ''}):")
         for name, ts_ in times.items():
             print(f"  {name:18s} median {1000 * statistics.median(ts_):.1f} ms, min {1000 * min(ts_):.1f} ms, "
