@@ -172,10 +172,19 @@ def test_per_iteration_schedule_matches_reference(traces):
     nb = ref["train_start"]["nb"]
     assert nb == N_TRAIN // BATCH == 6  # N divisible by the batch: no partial batch (ours drops one, the reference keeps it)
     assert len(ours["steps"]) == len(rows) == nb * EPOCHS
+    sched = ours["opt"][0].schedules
     for s, r in zip(ours["steps"], rows, strict=True):
         where = f"epoch {r['epoch']} batch {r['i']} (ni {r['ni']})"
         assert (s["epoch"], s["i"], s["ni"], s["images"]) == (r["epoch"], r["i"], r["ni"], r["images"]), where
-        v = ours["values"][s["ni"]]
+        # The values the optimizer itself read at this ni (copied before the calls below add theirs):
+        # an accumulating call's optimizer reads only the accumulation count on the CPU (its
+        # learning rates and momentum would be selected away), a stepping call reads them all.
+        used = dict(ours["values"].get(s["ni"], {}))
+        ni = torch.tensor(s["ni"], dtype=torch.int64)
+        v = {**{f"lr/{g}": sched.lr[g](ni).item() for g in GROUPS}, "momentum": sched.momentum(ni).item(),
+             "accumulate": sched.accumulate(ni).item()}
+        assert not s["stepped"] or {k: used.get(k) for k in v} == v, f"values the optimizer used at {where}"
+        assert used.get("accumulate") == v["accumulate"], f"the accumulation count the optimizer read at {where}"
         for g in GROUPS:
             assert v[f"lr/{g}"] == pytest.approx(r["lr"][g], rel=1e-12, abs=1e-15), f"lr/{g} at {where}"
             assert v["momentum"] == pytest.approx(r["momentum"][g], rel=1e-12), f"momentum at {where}"
