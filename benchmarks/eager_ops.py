@@ -122,6 +122,9 @@ def main() -> int:
                     help="with --time: step the optimizer every N calls (ours: the recipe past its warmup with the "
                          "nominal batch N * batch; the reference: backward every call, clip + step + EMA every N-th, "
                          "as its trainer); times are per call, over whole cycles")
+    ap.add_argument("--vjps", nargs="+", choices=("func", "autograd"), default=["func"],
+                    help="with --time: our step with each differentiation backend (train_step(vjp=...)); the first "
+                         "is named 'ours', the others 'ours <backend>'")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: time.process_time (this process's CPU time: on a shared VM, less moved by the "
                          "neighbours' load than the wall clock; CPU runs only)")
@@ -162,13 +165,14 @@ def main() -> int:
                 m_, tx_, e_, ts_, b_ = ((model, tx, e, ts, b) if cl == default_cl and args.accumulate == 1
                                         else build(args.task, args.batch, args.size, args.device, channels_last=cl,
                                                    accumulate=args.accumulate))
-            state = {"ts": ts_}
+            for vjp in args.vjps:
+                state = {"ts": ts_}
 
-            def ours(state=state, m_=m_, tx_=tx_, e_=e_, b_=b_):
-                state["ts"], _ = train_step(state["ts"], b_, model=m_, tx=tx_, ema=e_, autocast_dtype=ac)
+                def ours(state=state, m_=m_, tx_=tx_, e_=e_, b_=b_, vjp=vjp):
+                    state["ts"], _ = train_step(state["ts"], b_, model=m_, tx=tx_, ema=e_, autocast_dtype=ac, vjp=vjp)
 
-            ours()  # warm-up (a fresh state's first step)
-            runs["ours" + sfx] = ours
+                ours()  # warm-up (a fresh state's first step)
+                runs["ours" + sfx + ("" if vjp == args.vjps[0] else f" {vjp}")] = ours
         refs = []
         if args.reference or args.reference_trainer:
             from step import _reference  # noqa: E402  (benchmarks/step.py)

@@ -44,7 +44,12 @@ def test_unknown_backends_are_refused_everywhere():
     with pytest.raises(ValueError, match="train.vjp"):
         build_config("yolov8n", overrides=["train.vjp=jax"])
     assert build_config("yolov8n", overrides=["train.vjp=autograd"]).train.vjp == "autograd"
-    assert build_config("yolov8n").train.vjp == "func" and VJP_BACKENDS == ("func", "autograd")
+    assert build_config("yolov8n").train.vjp == "auto" and VJP_BACKENDS == ("func", "autograd")
+    from yolo_func.train.fit import resolve_vjp
+
+    # 'auto': autograd on the CPU (no torch._dynamo import, less host time), func on CUDA
+    assert [resolve_vjp(v, torch.device(d)) for v in ("auto", "func", "autograd") for d in ("cpu", "cuda")] == \
+        ["autograd", "func", "func", "func", "autograd", "autograd"]
 
 
 def test_the_backend_is_per_thread_and_restored():

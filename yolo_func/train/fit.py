@@ -75,8 +75,8 @@ from yolo_func.train.run_dir import RunDir
 from yolo_func.train.state import Batch, TrainState
 from yolo_func.train.step import init_train_state
 
-__all__ = ["fit", "FitResult", "StepInfo", "load_datasets", "resolve_device", "resolve_capture", "resolve_compile", "validate",
-           "build_model"]
+__all__ = ["fit", "FitResult", "StepInfo", "load_datasets", "resolve_device", "resolve_capture", "resolve_vjp",
+           "resolve_compile", "validate", "build_model"]
 
 _KINDS = {"detect": ("box",), "segment": ("box", "mask"), "pose": ("box", "pose")}
 #: The step's loss metrics per task (``loss/<head>/<part>``), in results.csv's order.
@@ -161,6 +161,22 @@ def resolve_device(device: str) -> torch.device:
         raise ValueError(f"[yolo_func] train.device={device!r} but CUDA is not available here; "
                          "use --device cpu (or --device auto)")
     return dev
+
+
+def resolve_vjp(asked: str, device: torch.device) -> str:
+    """The differentiation backend a run uses (``train.vjp``): ``"auto"`` is ``"autograd"`` on the
+    CPU (no ``torch._dynamo`` import: ~1.5 s less start-up on the 2-core development VM, less host
+    time per op; ``docs/performance.md``) and ``"func"`` on CUDA; ``"func"`` and ``"autograd"`` are
+    kept as asked.
+
+    Example:
+      >>> import torch
+      >>> resolve_vjp("auto", torch.device("cpu")), resolve_vjp("auto", torch.device("cuda")), resolve_vjp("func", torch.device("cpu"))
+      ('autograd', 'func', 'func')
+    """
+    if asked == "auto":
+        return "autograd" if torch.device(device).type == "cpu" else "func"
+    return asked
 
 
 def resolve_capture(capture: str, model: Model, device: torch.device) -> str:
@@ -739,7 +755,8 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
         loader.set_epoch(first.epoch, start_batch=first.batch)
         loader.start()
     # after the workers' fork: no child forked while a thread holds an import lock
-    _warm_imports("torch._dynamo" if config.train.vjp == "func" or compile_mode != "none"
+    vjp = resolve_vjp(config.train.vjp, device)
+    _warm_imports("torch._dynamo" if vjp == "func" or compile_mode != "none"
                   else "torch.fx.experimental.symbolic_shapes")
     nb = len(loader)
     val_batch = config.val.batch_size or 2 * config.data.batch_size
@@ -762,7 +779,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     # cuBLAS handles); more only add ~0.1 s per target bucket to a fit's start-up
     step_fn = ReplayTrainStep(model, opt.tx, ema=ema, capture=level, autocast_dtype=dtype, max_captures=8, warmup=1,
                               grad_reduce=D.GradReducer() if ctx is not None else None, compile=compile_mode,
-                              vjp=config.train.vjp)
+                              vjp=vjp)
     compile_reported = 0.0  # compile seconds already written to events.jsonl
     if sync_bn:
         from yolo_func.nn import sync_batchnorm
@@ -796,7 +813,7 @@ def fit(config: Config, *, train_data: Any = None, val_data: Any = None, root: s
     say(f"training yolov8{config.model.scale} {task} ({config.model.num_classes} classes) on {device} "
         f"(capture {level!r}{', ' + str(dtype).removeprefix('torch.') if dtype else ''}"
         f"{', compile ' + repr(compile_mode) if compile_mode != 'none' else ''}"
-        f"{', vjp ' + repr(config.train.vjp) if config.train.vjp != 'func' else ''}), {len(train_data)} train / "
+        f"{', vjp ' + repr(vjp) if vjp != 'func' else ''}), {len(train_data)} train / "
         f"{len(val_data)} val images, {nb} batches of {config.data.batch_size} per epoch, run folder {rd.path}")
     if ctx is not None:
         say(f"data-parallel: {world} processes ({ctx.backend}), global batch {world * config.data.batch_size} "
