@@ -21,6 +21,7 @@ from optim_helpers import random_grads, small_params, yolo_recipe, yolo_recipe_i
 from yolo_func import tree as T
 from yolo_func.optim import apply_if_finite, apply_updates, ema, flat
 from yolo_func.optim.base import _select, host_flag, host_readable, set_host_flags
+from yolo_func.testing import assert_trees_all_close
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
@@ -68,15 +69,7 @@ SPECIAL = [0.0, -0.0, 1.0, -1.0, 3.0e38, -3.0e38, 1e-45, -1e-45, 0.5, float("inf
 def _assert_same_values(a, b):
     """The same structure, dtypes and shapes; equal values with NaN in the same places (``-0.0``
     equals ``+0.0`` here)."""
-    la, da = T.tree_flatten(a)
-    lb, db = T.tree_flatten(b)
-    assert da == db
-    for i, (x, y) in enumerate(zip(la, lb)):
-        assert x.dtype == y.dtype and x.shape == y.shape, i
-        if x.is_floating_point():
-            assert torch.equal(x.isnan(), y.isnan()), i
-            x, y = torch.where(x.isnan(), 0, x), torch.where(y.isnan(), 0, y)
-        assert torch.equal(x, y), (i, x.shape)
+    assert_trees_all_close(a, b, rtol=0.0, atol=0.0, strict=True, equal_nan=True)
 
 
 @pytest.mark.parametrize("value", [True, False])

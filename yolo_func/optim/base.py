@@ -212,10 +212,8 @@ def apply_updates_(params: Params, updates: Updates) -> Params:
 
 def _device_of(tree: Any) -> torch.device:
     """The device of the first tensor leaf (CPU for an empty tree)."""
-    for leaf in T.tree_leaves(tree):
-        if isinstance(leaf, torch.Tensor):
-            return leaf.device
-    return torch.device("cpu")
+    leaf = T.tree_first_leaf(tree, lambda x: isinstance(x, torch.Tensor))
+    return torch.device("cpu") if leaf is None else leaf.device
 
 
 def _zero_count(tree: Any) -> torch.Tensor:

@@ -161,28 +161,8 @@ def normalize_images(images: torch.Tensor, dtype: torch.dtype = torch.float32) -
 def input_dtype(params: Any) -> torch.dtype:
     """The floating dtype uint8 images are converted to: the first floating leaf's of ``params``
     (float32 when there is none)."""
-    leaf = _first_floating_leaf(params)
+    leaf = T.tree_first_leaf(params, lambda x: isinstance(x, torch.Tensor) and x.is_floating_point())
     return torch.float32 if leaf is None else leaf.dtype
-
-
-def _first_floating_leaf(tree: Any) -> torch.Tensor | None:
-    """The first floating tensor of ``tree`` in :func:`yolo_func.tree.tree_leaves` order (dict keys
-    sorted), found by descending plain dicts, lists and tuples: a network's params hold ~135 leaves,
-    and flattening them all for the first one cost ~0.6 ms of host time per step on the CPU. Other
-    node types fall back to the full flatten."""
-    if isinstance(tree, torch.Tensor):
-        return tree if tree.is_floating_point() else None
-    if type(tree) is dict:
-        children = [tree[k] for k in sorted(tree)]
-    elif type(tree) in (list, tuple):
-        children = list(tree)
-    else:
-        return next((x for x in T.tree_leaves(tree) if isinstance(x, torch.Tensor) and x.is_floating_point()), None)
-    for child in children:
-        found = _first_floating_leaf(child)
-        if found is not None:
-            return found
-    return None
 
 
 def network_vjp(model: Model, params: dict, state: dict, images: torch.Tensor, *, autocast_dtype=None,
