@@ -77,6 +77,15 @@ def build(task: str, batch: int, size: int, device: str, channels_last: bool | N
     return model, opt.tx, e, ts, b
 
 
+def update_inputs(model, ts, b):
+    """``(grads, new_model_state, HeadsBackward)``: what :func:`finish_step` takes, from one eager
+    forward and backward of ``ts`` on ``b`` (for timing the update alone)."""
+    feats, pull, net_state = network_vjp(model, ts.params["network"], ts.state["network"], b.images)
+    hb = heads_backward(model, ts.params["heads"], ts.state["heads"], feats, b.targets)
+    (g_net,) = pull(hb.g_feats)
+    return {"network": g_net, "heads": hb.head_grads}, {"network": net_state, "heads": hb.head_states}, hb
+
+
 def phases(model, tx, e, ts, b):
     """Op counts of the step's phases, each run once (same inputs as a whole step)."""
     out = {}
@@ -154,17 +163,14 @@ def main() -> int:
     if args.time:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         runs = {}
-        default_cl = b.images.is_contiguous(memory_format=torch.channels_last) and b.images.shape[1] > 1
         for layout in args.layouts:
-            cl = layout == "nhwc"
             sfx = {"nchw": "", "nhwc": " nhwc", "loader": " loader"}[layout]
-            if layout == "loader":  # the library's default params, the images as TrainLoader collates them
-                m_, tx_, e_, ts_, b_ = build(args.task, args.batch, args.size, args.device, accumulate=args.accumulate)
+            # loader: the library's default params (None), the images as TrainLoader collates them
+            cl = {"nchw": False, "nhwc": True, "loader": None}[layout]
+            m_, tx_, e_, ts_, b_ = build(args.task, args.batch, args.size, args.device, channels_last=cl,
+                                         accumulate=args.accumulate)
+            if layout == "loader":
                 b_ = Batch(b_.images.contiguous(memory_format=torch.channels_last), b_.targets)
-            else:
-                m_, tx_, e_, ts_, b_ = ((model, tx, e, ts, b) if cl == default_cl and args.accumulate == 1
-                                        else build(args.task, args.batch, args.size, args.device, channels_last=cl,
-                                                   accumulate=args.accumulate))
             for vjp in args.vjps:
                 state = {"ts": ts_}
 

@@ -9,10 +9,7 @@ torch.set_num_threads(1)
 size, batch = int(sys.argv[1]), int(sys.argv[2])
 model, tx, e, ts, b = build("detect", batch, size, "cpu")
 for _ in range(2): ts,_ = train_step(ts, b, model=model, tx=tx, ema=e)
-feats, pull, net_state = network_vjp(model, ts.params["network"], ts.state["network"], b.images)
-hb = heads_backward(model, ts.params["heads"], ts.state["heads"], feats, b.targets)
-(g_net,) = pull(hb.g_feats)
-grads = {"network": g_net, "heads": hb.head_grads}; new_state = {"network": net_state, "heads": hb.head_states}
+grads, new_state, hb = update_inputs(model, ts, b)
 res = {True: [], False: []}
 for r in range(15):
     for on in (True, False):

@@ -17,9 +17,11 @@ import argparse
 import datetime as dt
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ab import alternate, arms  # noqa: E402
 
 # one arm: the checkout's own package and dataset, ``warm`` batches untimed, then ``batches`` timed
 _ARM = """
@@ -52,23 +54,20 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
-    arms = {"before": str(Path(args.before).resolve()), "after": str(Path(args.after).resolve())}
+    roots = arms(args.before, args.after)
     rows: dict = {}
     for task in args.tasks:
-        got: dict[str, list[float]] = {k: [] for k in arms}
-        for r in range(args.rounds):
-            for name, root in arms.items():
-                out = subprocess.run([sys.executable, "-c", _ARM, root, task, str(args.warm), str(args.batches)],
-                                     capture_output=True, text=True, check=True)
-                got[name].append(float(out.stdout.strip().splitlines()[-1]))
-                print(f"{task} round {r} {name}: {got[name][-1]:.1f} images per CPU-second", flush=True)
+        lines = alternate(roots, _ARM, [task, str(args.warm), str(args.batches)], args.rounds,
+                          show=lambda r, name, line: print(f"{task} round {r} {name}: {float(line):.1f} images per "
+                                                           "CPU-second", flush=True))
+        got = {k: [float(x) for x in v] for k, v in lines.items()}
         med = {k: statistics.median(v) for k, v in got.items()}
         rows[task] = {"rounds": got, "median": med, "after_over_before": med["after"] / med["before"]}
         print(f"{task}: median {med['before']:.1f} -> {med['after']:.1f} ({rows[task]['after_over_before']:.3f}x)")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / f"loader_ab_{stamp}.json"
-    path.write_text(json.dumps({"command": " ".join(sys.argv), "arms": arms, "tasks": rows}, indent=1))
+    path.write_text(json.dumps({"command": " ".join(sys.argv), "arms": roots, "tasks": rows}, indent=1))
     print(f"wrote {path}")
 
 

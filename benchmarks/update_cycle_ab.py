@@ -8,8 +8,8 @@ Nano detect on the CPU (one thread, freed host memory kept as the fit keeps it),
 past its warmup with the nominal batch ``accumulate * batch`` (``benchmarks/eager_ops.py``'s
 ``build(..., accumulate=N)``: N - 1 accumulating calls, then a step); one set of gradients from a
 real backward, then ``--cycles`` timed cycles after one untimed. Each arm uses its own checkout's
-``yolo_func`` and ``benchmarks/eager_ops.py`` (the arm's ``build`` must take ``accumulate``; copy
-this checkout's ``eager_ops.py`` into an older one). Prints the median milliseconds of each kind of
+``yolo_func`` and ``benchmarks/eager_ops.py`` (the arm's ``eager_ops.py`` must have ``update_inputs``
+and ``build(accumulate=)``; copy this checkout's into an older one). Prints the median milliseconds of each kind of
 call per arm and round.
 """
 
@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ab import alternate, arms  # noqa: E402
 
 _ARM = """
 import json, sys, time, statistics
@@ -32,13 +34,10 @@ import yolo_func
 assert yolo_func.__file__.startswith(root), yolo_func.__file__
 from yolo_func.train.host_memory import keep_freed_host_memory
 keep_freed_host_memory()
-from eager_ops import build
-from yolo_func.train.step import finish_step, heads_backward, network_vjp
+from eager_ops import build, update_inputs
+from yolo_func.train.step import finish_step
 model, tx, e, ts, b = build("detect", batch, size, "cpu", accumulate=acc)
-feats, pull, ns = network_vjp(model, ts.params["network"], ts.state["network"], b.images)
-hb = heads_backward(model, ts.params["heads"], ts.state["heads"], feats, b.targets)
-(g,) = pull(hb.g_feats)
-grads, nst = {"network": g, "heads": hb.head_grads}, {"network": ns, "heads": hb.head_states}
+grads, nst, hb = update_inputs(model, ts, b)
 times = {"accumulating": [], "stepping": []}
 for c in range(cycles + 1):
     s = ts
@@ -62,20 +61,19 @@ def main() -> None:
     ap.add_argument("--accumulate", type=int, default=8)
     ap.add_argument("--cycles", type=int, default=3)
     args = ap.parse_args()
-    arms = {"before": str(Path(args.before).resolve()), "after": str(Path(args.after).resolve())}
-    got: dict[str, list[dict]] = {k: [] for k in arms}
-    for r in range(args.rounds):
-        for name, root in arms.items():
-            out = subprocess.run([sys.executable, "-c", _ARM, root, str(args.size), str(args.batch),
-                                  str(args.accumulate), str(args.cycles)], capture_output=True, text=True, check=True)
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-            got[name].append(row)
-            print(f"round {r + 1} {name:6s}: accumulating call {row['accumulating']:.1f} ms, "
-                  f"stepping call {row['stepping']:.1f} ms", flush=True)
-    for name, rows in got.items():
+    roots = arms(args.before, args.after)
+
+    def show(r: int, name: str, line: str) -> None:
+        row = json.loads(line)
+        print(f"round {r + 1} {name:6s}: accumulating call {row['accumulating']:.1f} ms, "
+              f"stepping call {row['stepping']:.1f} ms", flush=True)
+
+    lines = alternate(roots, _ARM, [str(args.size), str(args.batch), str(args.accumulate), str(args.cycles)],
+                      args.rounds, show)
+    for name, rows in lines.items():
+        rows = [json.loads(x) for x in rows]
         print(f"{name:6s} medians over rounds: accumulating {statistics.median(r['accumulating'] for r in rows):.1f} ms, "
               f"stepping {statistics.median(r['stepping'] for r in rows):.1f} ms")
-
 
 if __name__ == "__main__":
     main()

@@ -140,7 +140,7 @@ def multi_steps(tx: GradientTransformation, every: Every) -> GradientTransformat
             # be selected away, so it does not run. Its state stays as it is and the updates are
             # zeros (what where(stepped, u, 0) gives; the device form's u * 0 has the same values).
             inner_state = state.inner_state
-            updates = T.tree_unflatten(treedef, [torch.zeros_like(x) for x in acc])
+            updates = T.tree_zeros_like(updates)  # shaped, typed and placed like the gradients
         else:
             inner_u, inner_new = tx.update(T.tree_unflatten(treedef, acc), state.inner_state, params, iteration=ni)
             u_leaves, u_def = T.tree_flatten(inner_u)
